@@ -1,0 +1,46 @@
+# Set-up and entry points. `make run` and `make test` are the whole quick start.
+SHELL := /bin/bash
+PY := /usr/bin/python3
+VENV := .venv
+BIN := $(VENV)/bin
+APT_PACKAGES := python3-venv python3-dev qemu-system-x86 qemu-utils busybox-static debootstrap \
+	iptables iproute2 e2fsprogs cpio kmod zstd util-linux procps tmux ca-certificates
+STAMP := $(VENV)/.installed
+
+.PHONY: run test quick-test bench lint format system-deps venv kit clean
+
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+
+$(STAMP): pyproject.toml | system-deps
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: system-deps $(STAMP)
+
+kit: venv
+	$(BIN)/aenv kit build
+
+run: kit
+	$(BIN)/aenv server
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: kit lint
+	$(BIN)/pytest -q
+
+quick-test: venv
+	$(BIN)/pytest -q -m 'not vm'
+
+bench: kit
+	@for b in benchmarks/bench_*.py; do $(BIN)/python $$b; done

@@ -1,0 +1,89 @@
+"""Wire types of the E2B-compatible API, field names exactly as E2B's."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Request(BaseModel):
+    # Unknown fields are refused, so a feature we lack is never silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class AutoResume(_Request):
+    enabled: bool = False
+
+
+class NewSandbox(_Request):
+    """Body of `POST /sandboxes` and `POST /v2/sandboxes`."""
+
+    templateID: str = Field(min_length=1, max_length=256)
+    timeout: int | None = Field(default=None, ge=0, le=10_000_000)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    envVars: dict[str, str] = Field(default_factory=dict)
+    autoPause: bool = False
+    autoResume: AutoResume | None = None
+    secure: bool = False
+    allow_internet_access: bool = True
+
+
+class TimeoutBody(_Request):
+    timeout: int = Field(ge=0, le=10_000_000)
+
+
+class RefreshBody(_Request):
+    duration: int = Field(default=60, ge=0, le=3600)
+
+
+class Sandbox(BaseModel):
+    """Answer to create and connect."""
+
+    templateID: str
+    sandboxID: str
+    clientID: str
+    envdVersion: str
+    alias: str | None = None
+    envdAccessToken: str | None = None
+    trafficAccessToken: str | None = None
+    domain: str | None = None
+
+
+class ListedSandbox(BaseModel):
+    templateID: str
+    alias: str | None = None
+    sandboxID: str
+    clientID: str
+    startedAt: datetime
+    endAt: datetime
+    cpuCount: int
+    memoryMB: int
+    diskSizeMB: int
+    metadata: dict[str, str] = Field(default_factory=dict)
+    state: Literal["running", "paused"]
+    envdVersion: str
+
+
+class Lifecycle(BaseModel):
+    autoResume: bool
+    onTimeout: Literal["kill", "pause"]
+
+
+class SandboxDetail(ListedSandbox):
+    envdAccessToken: str | None = None
+    allowInternetAccess: bool | None = None
+    domain: str | None = None
+    lifecycle: Lifecycle | None = None
+
+
+class ErrorBody(BaseModel):
+    code: int
+    message: str
+
+
+class Health(BaseModel):
+    status: str
+    sandboxes: int
+    accelerator: str

@@ -1,0 +1,188 @@
+"""Sandbox routes of the E2B-compatible control plane, with the aliases older SDKs call."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import datetime
+from typing import Annotated
+from urllib.parse import parse_qsl, unquote
+
+from fastapi import APIRouter, Query, Request, Response
+
+from ..control.store import SandboxRecord
+from ..errors import InvalidInput
+from ..runtime.lifecycle import PUBLIC_STATE, State
+from ..runtime.manager import CreateRequest, SandboxManager
+from .models import (
+    Lifecycle,
+    ListedSandbox,
+    NewSandbox,
+    RefreshBody,
+    Sandbox,
+    SandboxDetail,
+    TimeoutBody,
+)
+
+ENVD_VERSION = "0.5.7"
+CLIENT_ID = "aenv"
+
+router = APIRouter()
+
+
+def _manager(request: Request) -> SandboxManager:
+    return request.app.state.manager
+
+
+def _domain(request: Request) -> str | None:
+    return request.app.state.config.server.domain or None
+
+
+def _sandbox(record: SandboxRecord, domain: str | None) -> Sandbox:
+    return Sandbox(
+        templateID=record.template_id,
+        sandboxID=record.sandbox_id,
+        clientID=CLIENT_ID,
+        envdVersion=ENVD_VERSION,
+        alias=record.alias,
+        envdAccessToken=record.access_token,
+        domain=domain,
+    )
+
+
+def _listed_fields(record: SandboxRecord) -> dict:
+    return {
+        "templateID": record.template_id,
+        "alias": record.alias,
+        "sandboxID": record.sandbox_id,
+        "clientID": CLIENT_ID,
+        "startedAt": record.started_at,
+        "endAt": record.end_at,
+        "cpuCount": record.vcpus,
+        "memoryMB": record.memory_mb,
+        "diskSizeMB": record.disk_mb,
+        "metadata": record.metadata,
+        "state": PUBLIC_STATE[State(record.state)],
+        "envdVersion": ENVD_VERSION,
+    }
+
+
+def parse_metadata_filter(raw: str | None) -> dict[str, str]:
+    """The SDK percent-encodes keys and values, then the pair list: undo both layers."""
+    if not raw:
+        return {}
+    return {unquote(k): unquote(v) for k, v in parse_qsl(raw, keep_blank_values=True)}
+
+
+def _encode_cursor(record: SandboxRecord) -> str:
+    raw = f"{record.started_at.isoformat()}|{record.sandbox_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_cursor(token: str) -> tuple[datetime, str]:
+    try:
+        started, sandbox_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(started), sandbox_id
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidInput("invalid nextToken") from exc
+
+
+async def _create(request: Request, body: NewSandbox) -> Sandbox:
+    cfg = request.app.state.config
+    record = await _manager(request).create(
+        CreateRequest(
+            template_id=body.templateID,
+            timeout=cfg.sandbox.default_timeout if body.timeout is None else body.timeout,
+            metadata=body.metadata,
+            env_vars=body.envVars,
+            auto_pause=body.autoPause,
+            allow_internet=body.allow_internet_access,
+            secure=body.secure,
+        )
+    )
+    return _sandbox(record, _domain(request))
+
+
+@router.post("/v2/sandboxes", status_code=201, response_model_exclude_none=False)
+async def create_sandbox_v2(request: Request, body: NewSandbox) -> Sandbox:
+    return await _create(request, body)
+
+
+@router.post("/sandboxes", status_code=201)
+async def create_sandbox(request: Request, body: NewSandbox) -> Sandbox:
+    return await _create(request, body)
+
+
+@router.get("/v2/sandboxes")
+async def list_sandboxes_v2(
+    request: Request,
+    response: Response,
+    metadata: str | None = None,
+    state: Annotated[list[str] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 100,
+    nextToken: str | None = None,
+    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
+) -> list[ListedSandbox]:
+    wanted_states = {s for value in state or [] for s in value.split(",") if s}
+    if wanted_states - {"running", "paused"}:
+        raise InvalidInput(f"unknown state filter: {sorted(wanted_states)}")
+    wanted_meta = parse_metadata_filter(metadata)
+    records = [
+        r
+        for r in await _manager(request).list()
+        if (not wanted_states or PUBLIC_STATE[State(r.state)] in wanted_states)
+        and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
+    ]
+    records.sort(key=lambda r: (r.started_at, r.sandbox_id), reverse=order == "desc")
+    if nextToken:
+        cursor = _decode_cursor(nextToken)
+        if order == "desc":
+            records = [r for r in records if (r.started_at, r.sandbox_id) < cursor]
+        else:
+            records = [r for r in records if (r.started_at, r.sandbox_id) > cursor]
+    page = records[:limit]
+    if len(records) > limit:
+        response.headers["x-next-token"] = _encode_cursor(page[-1])
+    return [ListedSandbox(**_listed_fields(r)) for r in page]
+
+
+@router.get("/sandboxes")
+async def list_sandboxes_v1(request: Request, metadata: str | None = None) -> list[ListedSandbox]:
+    """SDK 1.x: running sandboxes only, unpaginated."""
+    wanted_meta = parse_metadata_filter(metadata)
+    return [
+        ListedSandbox(**_listed_fields(r))
+        for r in await _manager(request).list()
+        if PUBLIC_STATE[State(r.state)] == "running"
+        and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
+    ]
+
+
+@router.get("/sandboxes/{sandbox_id}")
+async def get_sandbox(request: Request, sandbox_id: str) -> SandboxDetail:
+    record = await _manager(request).get(sandbox_id)
+    return SandboxDetail(
+        **_listed_fields(record),
+        envdAccessToken=record.access_token,
+        allowInternetAccess=record.allow_internet,
+        domain=_domain(request),
+        lifecycle=Lifecycle(autoResume=False, onTimeout="pause" if record.auto_pause else "kill"),
+    )
+
+
+@router.delete("/sandboxes/{sandbox_id}", status_code=204)
+async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
+    await _manager(request).kill(sandbox_id)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
+async def set_timeout(request: Request, sandbox_id: str, body: TimeoutBody) -> Response:
+    await _manager(request).set_timeout(sandbox_id, body.timeout)
+    return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
+async def refresh(request: Request, sandbox_id: str, body: RefreshBody | None = None) -> Response:
+    await _manager(request).refresh(sandbox_id, (body or RefreshBody()).duration)
+    return Response(status_code=204)

@@ -1,0 +1,309 @@
+"""HTTP clients: `ApiClient` for the control plane, `EnvdClient` for a sandbox's agent."""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from collections.abc import Iterator
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any, Self
+from urllib.parse import quote, urlencode
+
+import httpx
+
+from agentenv.cli.connect import ConnectError, encode_envelope, error_from_json, iter_messages
+
+ENVD_PORT = 49983
+STREAM_CONTENT_TYPE = "application/connect+json"
+_CHUNK = 256 * 1024
+
+
+def _user_agent() -> str:
+    try:
+        return f"aenv/{importlib_metadata.version('agentenv')}"
+    except importlib_metadata.PackageNotFoundError:
+        return "aenv"
+
+
+class ApiError(Exception):
+    """The server answered with an error status; `message` is what to show the user."""
+
+    def __init__(self, status: int, message: str, *, has_code: bool = True) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        # False when the body is not our `{code, message}` shape (e.g. a route that is missing).
+        self.has_code = has_code
+
+    @classmethod
+    def from_response(cls, resp: httpx.Response) -> ApiError:
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and data.get("message"):
+            return cls(resp.status_code, str(data["message"]), has_code="code" in data)
+        if isinstance(data, dict) and data.get("detail"):
+            return cls(resp.status_code, str(data["detail"]), has_code=False)
+        text = resp.text.strip()[:500] or resp.reason_phrase or "error"
+        return cls(resp.status_code, f"HTTP {resp.status_code}: {text}", has_code=False)
+
+
+class ServerUnreachable(Exception):
+    """No connection could be made to the server."""
+
+    def __init__(self, url: str, cause: Exception) -> None:
+        super().__init__(f"cannot connect to {url} ({cause}): is the server running? make run")
+        self.url = url
+
+
+class _Base:
+    def __init__(
+        self,
+        url: str,
+        headers: dict[str, str],
+        transport: httpx.BaseTransport | None,
+        timeout: httpx.Timeout,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers={"User-Agent": _user_agent(), **headers},
+            transport=transport,
+            timeout=timeout,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, request: httpx.Request, *, stream: bool = False) -> httpx.Response:
+        try:
+            return self._http.send(request, stream=stream)
+        except httpx.ConnectError as exc:
+            raise ServerUnreachable(self.url, exc) from exc
+
+
+class ApiClient(_Base):
+    """Control-plane calls (`/sandboxes`, `/v2/sandboxes`, `/health`)."""
+
+    def __init__(
+        self, url: str, key: str = "", *, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        headers = {"X-API-Key": key} if key else {}
+        super().__init__(url, headers, transport, httpx.Timeout(120.0, connect=5.0))
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        resp = self._send(self._http.build_request(method, path, **kwargs))
+        if resp.status_code >= 400:
+            raise ApiError.from_response(resp)
+        return resp
+
+    def create_sandbox(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`POST /sandboxes` (falls back to `/v2/sandboxes` if the route is missing)."""
+        try:
+            return self._call("POST", "/sandboxes", json=body).json()
+        except ApiError as exc:
+            if exc.status not in (404, 405) or exc.has_code:
+                raise
+        return self._call("POST", "/v2/sandboxes", json=body).json()
+
+    def list_sandboxes(
+        self, states: list[str] | None = None, metadata: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """All pages of `GET /v2/sandboxes`, following `x-next-token`."""
+        params: dict[str, str] = {}
+        if states:
+            params["state"] = ",".join(states)
+        if metadata:
+            # Same encoding as the E2B SDK: quote keys and values, then urlencode the pairs.
+            params["metadata"] = urlencode({quote(k): quote(v) for k, v in metadata.items()})
+        items: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        while True:
+            resp = self._call("GET", "/v2/sandboxes", params=params)
+            page = resp.json()
+            if not isinstance(page, list):
+                raise ApiError(resp.status_code, "unexpected response to GET /v2/sandboxes")
+            items.extend(page)
+            token = resp.headers.get("x-next-token", "")
+            if not token or token in seen:
+                return items
+            seen.add(token)
+            params["nextToken"] = token
+
+    def get_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/sandboxes/{quote(sandbox_id, safe='')}").json()
+
+    def kill_sandbox(self, sandbox_id: str) -> None:
+        self._call("DELETE", f"/sandboxes/{quote(sandbox_id, safe='')}")
+
+    def set_timeout(self, sandbox_id: str, seconds: int) -> None:
+        self._call(
+            "POST", f"/sandboxes/{quote(sandbox_id, safe='')}/timeout", json={"timeout": seconds}
+        )
+
+    def health(self) -> httpx.Response:
+        """`GET /health` without raising on error statuses."""
+        return self._send(self._http.build_request("GET", "/health", timeout=5.0))
+
+
+class EnvdClient(_Base):
+    """Calls to a sandbox's envd, routed by the server's proxy through `E2b-Sandbox-*` headers."""
+
+    def __init__(
+        self,
+        url: str,
+        sandbox_id: str,
+        access_token: str | None = None,
+        *,
+        user: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(ENVD_PORT)}
+        if access_token:
+            headers["X-Access-Token"] = access_token
+        if user:
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
+        super().__init__(url, headers, transport, httpx.Timeout(60.0, connect=5.0))
+        self.sandbox_id = sandbox_id
+        self._args = (url, sandbox_id, access_token, user, transport)
+
+    def clone(self) -> EnvdClient:
+        """A separate client (own connection pool) for the same sandbox, e.g. for another thread."""
+        url, sandbox_id, token, user, transport = self._args
+        return EnvdClient(url, sandbox_id, token, user=user, transport=transport)
+
+    def stream(
+        self, method: str, message: dict[str, Any], timeout: float | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Server-streaming RPC: yield each response message as it arrives."""
+        headers = {
+            "Content-Type": STREAM_CONTENT_TYPE,
+            "Connect-Protocol-Version": "1",
+            "Connect-Content-Encoding": "identity",
+            "Connect-Accept-Encoding": "identity",
+            "Keepalive-Ping-Interval": "50",
+        }
+        read_timeout = None
+        if timeout:
+            headers["Connect-Timeout-Ms"] = str(int(timeout * 1000))
+            read_timeout = timeout + 30.0
+        request = self._http.build_request(
+            "POST",
+            f"/{method}",
+            content=encode_envelope(message),
+            headers=headers,
+            timeout=httpx.Timeout(30.0, connect=5.0, read=read_timeout),
+        )
+        resp = self._send(request, stream=True)
+        try:
+            if resp.status_code != 200:
+                resp.read()
+                raise _rpc_error(resp)
+            ctype = resp.headers.get("content-type", "")
+            if not ctype.startswith(STREAM_CONTENT_TYPE):
+                resp.read()
+                raise ConnectError("internal", f"unexpected content-type {ctype!r} from {method}")
+            yield from iter_messages(resp.iter_bytes())
+        finally:
+            resp.close()
+
+    def unary(self, method: str, message: dict[str, Any], timeout: float = 30.0) -> dict[str, Any]:
+        """Unary RPC with the JSON codec."""
+        resp = self._send(
+            self._http.build_request(
+                "POST",
+                f"/{method}",
+                json=message,
+                headers={
+                    "Connect-Protocol-Version": "1",
+                    "Connect-Timeout-Ms": str(int(timeout * 1000)),
+                },
+                timeout=timeout + 5.0,
+            )
+        )
+        if resp.status_code != 200:
+            raise _rpc_error(resp)
+        return resp.json() if resp.content else {}
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Poll envd's `/health` through the proxy until it answers 2xx or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                resp = self._send(self._http.build_request("GET", "/health", timeout=5.0))
+                if resp.is_success:
+                    return
+                problem = ApiError.from_response(resp).message
+            except httpx.TransportError as exc:
+                problem = str(exc)
+            if time.monotonic() >= deadline:
+                raise ApiError(503, f"sandbox agent not ready after {timeout:.0f}s: {problem}")
+            time.sleep(0.5)
+
+    def upload(self, local: Path, remote: str) -> list[dict[str, Any]]:
+        """`POST /files?path=REMOTE`, streaming the local file as the raw body."""
+        size = local.stat().st_size
+
+        def chunks() -> Iterator[bytes]:
+            with local.open("rb") as fh:
+                while block := fh.read(_CHUNK):
+                    yield block
+
+        request = self._http.build_request(
+            "POST",
+            "/files",
+            params={"path": remote},
+            content=chunks(),
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+            timeout=httpx.Timeout(300.0, connect=5.0),
+        )
+        resp = self._send(request)
+        if not resp.is_success:
+            raise ApiError.from_response(resp)
+        try:
+            entries = resp.json()
+        except ValueError:
+            return []
+        return entries if isinstance(entries, list) else []
+
+    def download(self, remote: str, local: Path) -> int:
+        """`GET /files?path=REMOTE` streamed into `local` (written atomically); returns bytes."""
+        request = self._http.build_request(
+            "GET", "/files", params={"path": remote}, timeout=httpx.Timeout(300.0, connect=5.0)
+        )
+        resp = self._send(request, stream=True)
+        try:
+            if not resp.is_success:
+                resp.read()
+                raise ApiError.from_response(resp)
+            tmp = local.with_name(f".{local.name}.{os.getpid()}.part")
+            total = 0
+            try:
+                with tmp.open("wb") as fh:
+                    for block in resp.iter_bytes(_CHUNK):
+                        fh.write(block)
+                        total += len(block)
+                tmp.replace(local)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+            return total
+        finally:
+            resp.close()
+
+
+def _rpc_error(resp: httpx.Response) -> ConnectError:
+    try:
+        data = resp.json()
+    except ValueError:
+        data = resp.text.strip() or resp.reason_phrase
+    return error_from_json(data, resp.status_code)

@@ -1,0 +1,206 @@
+"""Sandbox commands: auth, start, cn, exec, ls, rm, timeout, info."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from collections.abc import Callable
+from typing import BinaryIO
+
+from agentenv.cli.client import ApiError, EnvdClient
+from agentenv.cli.connect import ConnectError
+from agentenv.cli.context import CliError, Context
+from agentenv.cli.credentials import Credentials, credentials_path, read_file, save_credentials
+from agentenv.cli.output import print_json, print_sandboxes
+from agentenv.cli.process import ProcessResult, ProcessStream, bash_args
+from agentenv.cli.terminal import attach_shell
+
+STATES = ("running", "paused")
+
+
+def parse_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
+    """`["K=V", ...]` → dict; a usage error (exit 2) for an item without `=`."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"{flag} expects KEY=VALUE, got {item!r}", 2)
+        out[key] = value
+    return out
+
+
+def cmd_auth(ctx: Context, args: argparse.Namespace) -> int:
+    """Store the server URL and API key (prompting on a TTY for what is missing)."""
+    try:
+        stored = read_file() or Credentials()
+    except ValueError:
+        stored = Credentials()
+    interactive = sys.stdin.isatty()
+    url = args.url
+    if url is None and interactive:
+        url = input(f"Server URL [{stored.url}]: ").strip()
+    url = (url or stored.url).rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise CliError(f"server URL must start with http:// or https://, got {url!r}", 2)
+    key = args.key
+    if key is None and interactive:
+        hint = " [keep current]" if stored.key else ""
+        key = getpass.getpass(f"API key{hint}: ").strip()
+    key = key or stored.key
+    if not key:
+        raise CliError("no API key given: use --key KEY (or run on a terminal to be prompted)", 2)
+    path = save_credentials(Credentials(url=url, key=key))
+    ctx.stdout.write(f"saved credentials for {url} to {path}\n")
+    for var in ("AENV_API_URL", "AENV_API_KEY"):
+        if ctx.env.get(var):
+            ctx.warn(f"note: {var} is set and overrides {credentials_path()}")
+    return 0
+
+
+def _require_tty(what: str) -> None:
+    if not os.isatty(0):
+        raise CliError(f"{what} needs a terminal: stdin is not a TTY (use `aenv exec` instead)")
+
+
+def _shell(ctx: Context, envd: EnvdClient, wait: bool) -> int:
+    if wait:
+        try:
+            envd.wait_ready()
+        except ApiError as exc:
+            ctx.warn(f"warning: {exc.message}; trying anyway")
+    result = attach_shell(envd)
+    if result is None:
+        raise CliError("shell ended without an end event")
+    if result.signalled:
+        ctx.warn(f"shell ended: {result.status}")
+    return result.exit_code
+
+
+def cmd_start(ctx: Context, args: argparse.Namespace) -> int:
+    """Create a sandbox; print its id (`--detach`) or attach a shell."""
+    if not args.detach:
+        _require_tty("an interactive shell (omit it with --detach)")
+    body: dict[str, object] = {
+        "templateID": args.template,
+        "envVars": parse_pairs(args.env, "--env"),
+        "metadata": parse_pairs(args.metadata, "--metadata"),
+    }
+    if args.timeout is not None:
+        body["timeout"] = args.timeout
+    if args.no_internet:
+        body["allow_internet_access"] = False
+    if args.secure:
+        body["secure"] = True
+    with ctx.api() as api:
+        sbx = api.create_sandbox(body)
+    sandbox_id = str(sbx.get("sandboxID") or "")
+    if not sandbox_id:
+        raise CliError("server answered without a sandboxID")
+    if args.detach:
+        ctx.stdout.write(sandbox_id + "\n")
+        return 0
+    ctx.warn(f"sandbox {sandbox_id} started from {args.template}; Ctrl-D leaves the shell")
+    with ctx.envd(sandbox_id, str(sbx.get("envdAccessToken") or "")) as envd:
+        code = _shell(ctx, envd, wait=True)
+    ctx.warn(f"sandbox {sandbox_id} keeps running until its timeout (`aenv rm {sandbox_id}`)")
+    return code
+
+
+def cmd_cn(ctx: Context, args: argparse.Namespace) -> int:
+    """Attach an interactive shell to a running sandbox."""
+    _require_tty("`aenv cn`")
+    with ctx.envd(args.id) as envd:
+        return _shell(ctx, envd, wait=False)
+
+
+def exec_request(
+    command: list[str], envs: dict[str, str], cwd: str | None = None
+) -> dict[str, object]:
+    """The `Start` body for a one-shot `bash -l -c` command without stdin."""
+    process: dict[str, object] = {"cmd": "/bin/bash", "args": bash_args(command), "envs": envs}
+    if cwd:
+        process["cwd"] = cwd
+    return {"process": process, "stdin": False}
+
+
+def _writer(stream: BinaryIO) -> Callable[[bytes], None]:
+    def write(data: bytes) -> None:
+        stream.write(data)
+        stream.flush()
+
+    return write
+
+
+def cmd_exec(ctx: Context, args: argparse.Namespace) -> int:
+    """Run a command, streaming its stdout/stderr; exit with its exit code."""
+    if not args.command:
+        raise CliError("no command given: aenv exec ID [options] -- CMD...", 2)
+    body = exec_request(args.command, parse_pairs(args.env, "--env"), args.cwd)
+
+    with ctx.envd(args.id, user=args.user) as envd:
+        stream = ProcessStream(stdout=_writer(ctx.stdout_bin), stderr=_writer(ctx.stderr_bin))
+        messages = envd.stream("process.Process/Start", body, timeout=args.timeout or None)
+        try:
+            result: ProcessResult | None = stream.run(messages)
+        except KeyboardInterrupt:
+            messages.close()
+            if stream.pid:
+                kill = {"process": {"pid": stream.pid}, "signal": "SIGNAL_SIGKILL"}
+                try:
+                    envd.unary("process.Process/SendSignal", kill, timeout=5.0)
+                except ConnectError:
+                    pass
+            return 130
+    if result is None:
+        raise CliError("command ended without an end event")
+    if result.signalled:
+        ctx.warn(f"aenv: remote command ended: {result.status}")
+    return result.exit_code
+
+
+def cmd_ls(ctx: Context, args: argparse.Namespace) -> int:
+    """List sandboxes as a table (on a TTY) or JSON."""
+    states = [s.strip() for s in (args.state or "").split(",") if s.strip()]
+    for state in states:
+        if state not in STATES:
+            raise CliError(f"--state: unknown state {state!r} (use running, paused)", 2)
+    metadata = parse_pairs(args.metadata, "--metadata")
+    with ctx.api() as api:
+        items = api.list_sandboxes(states, metadata)
+    fmt = args.output or ("table" if ctx.stdout.isatty() else "json")
+    print_sandboxes(items, fmt, ctx.stdout)
+    return 0
+
+
+def cmd_rm(ctx: Context, args: argparse.Namespace) -> int:
+    """Kill each sandbox; report failures and exit 1 if any failed."""
+    failed = False
+    with ctx.api() as api:
+        for sandbox_id in args.ids:
+            try:
+                api.kill_sandbox(sandbox_id)
+            except ApiError as exc:
+                failed = True
+                ctx.warn(f"error: {sandbox_id}: {exc.message}")
+                continue
+            ctx.stdout.write(sandbox_id + "\n")
+            ctx.stdout.flush()
+    return 1 if failed else 0
+
+
+def cmd_timeout(ctx: Context, args: argparse.Namespace) -> int:
+    """Set a sandbox to expire SECONDS from now."""
+    if args.seconds < 0:
+        raise CliError("SECONDS must not be negative", 2)
+    with ctx.api() as api:
+        api.set_timeout(args.id, args.seconds)
+    return 0
+
+
+def cmd_info(ctx: Context, args: argparse.Namespace) -> int:
+    """Print `GET /sandboxes/{id}` as JSON."""
+    with ctx.api() as api:
+        print_json(api.get_sandbox(args.id), ctx.stdout)
+    return 0

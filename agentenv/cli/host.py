@@ -1,0 +1,48 @@
+"""Host-side commands: `aenv kit build` and `aenv server` (server modules imported lazily)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from agentenv.cli.context import CliError, Context
+from agentenv.config import Config, ConfigError, load_config
+
+
+def load_cfg(path: str | None) -> Config:
+    """The server configuration from `path` or `AENV_CONFIG`; a usage error if it is bad."""
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise CliError(str(exc), 2) from exc
+
+
+def import_attr(module: str, name: str) -> Any:
+    """`module.name`, or a CliError saying the piece is not installed."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise CliError(f"{module}.{name} is not available: {exc}") from exc
+
+
+def cmd_kit_build(ctx: Context, args: argparse.Namespace) -> int:
+    """Build the guest kit (kernel, initrd, runtime disk), then the base template."""
+    cfg = load_cfg(args.config)
+    build_kit = import_attr("agentenv.guest.kit", "build_kit")
+    build_base = import_attr("agentenv.images.base", "build_base_template")
+    build_kit(cfg, force=args.force)
+    build_base(cfg, force=args.force)
+    return 0
+
+
+def cmd_server(ctx: Context, args: argparse.Namespace) -> int:
+    """Run the API server in the foreground."""
+    cfg = load_cfg(args.config)
+    if args.host:
+        cfg.server.host = args.host
+    if args.port is not None:
+        cfg.server.port = args.port
+    run_server = import_attr("agentenv.server", "run_server")
+    run_server(cfg)
+    return 0

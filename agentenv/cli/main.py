@@ -1,0 +1,151 @@
+"""`aenv` entry point: argparse wiring and error reporting only."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import httpx
+
+from agentenv.cli import commands, doctor, files, host
+from agentenv.cli.client import ApiError, ServerUnreachable
+from agentenv.cli.connect import ConnectError
+from agentenv.cli.context import CliError, Context
+
+Handler = Callable[[Context, argparse.Namespace], int]
+
+
+def _add(
+    sub: argparse._SubParsersAction, name: str, handler: Handler, help_: str, **kw: object
+) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_, description=help_, **kw)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="server TOML config (default: $AENV_CONFIG)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aenv", description="AgentENV sandboxes from the shell.")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+
+    p = _add(sub, "auth", commands.cmd_auth, "store the server URL and API key")
+    p.add_argument("--url", help="server URL (default http://127.0.0.1:8000)")
+    p.add_argument("--key", help="API key")
+
+    p = _add(sub, "start", commands.cmd_start, "create a sandbox and open a shell in it")
+    p.add_argument("template", nargs="?", default="base", help="template (default: base)")
+    p.add_argument("-d", "--detach", action="store_true", help="print the sandbox id and exit")
+    p.add_argument("--timeout", type=int, metavar="SECONDS", help="lifetime (server default 300)")
+    p.add_argument("--env", action="append", metavar="K=V", help="sandbox env var (repeatable)")
+    p.add_argument("--metadata", action="append", metavar="K=V", help="metadata (repeatable)")
+    p.add_argument("--no-internet", action="store_true", help="deny outbound internet access")
+    p.add_argument("--secure", action="store_true", help="require an envd access token")
+
+    p = _add(sub, "cn", commands.cmd_cn, "open an interactive shell in a sandbox")
+    p.add_argument("id", metavar="ID")
+
+    p = _add(
+        sub,
+        "exec",
+        commands.cmd_exec,
+        "run a command in a sandbox",
+        usage="aenv exec [-h] ID [--user U] [--cwd DIR] [--env K=V] [--timeout S] -- CMD...",
+    )
+    p.add_argument("id", metavar="ID")
+    p.add_argument("command", nargs="*", metavar="CMD", help="command (after --)")
+    p.add_argument("--user", help="run as this user")
+    p.add_argument("--cwd", help="working directory")
+    p.add_argument("--env", action="append", metavar="K=V", help="env var (repeatable)")
+    p.add_argument("--timeout", type=float, metavar="S", help="kill the command after S seconds")
+
+    p = _add(sub, "ls", commands.cmd_ls, "list sandboxes")
+    p.add_argument("-o", "--output", choices=("table", "json"), help="default: table on a TTY")
+    p.add_argument("--state", metavar="STATES", help="e.g. running or running,paused")
+    p.add_argument("--metadata", action="append", metavar="K=V", help="filter (repeatable)")
+
+    p = _add(sub, "rm", commands.cmd_rm, "kill sandboxes")
+    p.add_argument("ids", nargs="+", metavar="ID")
+
+    p = _add(sub, "timeout", commands.cmd_timeout, "set a sandbox to expire SECONDS from now")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("seconds", type=int, metavar="SECONDS")
+
+    p = _add(sub, "info", commands.cmd_info, "show a sandbox as JSON")
+    p.add_argument("id", metavar="ID")
+
+    p = _add(sub, "upload", files.cmd_upload, "copy a local file into a sandbox")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("local", metavar="LOCAL")
+    p.add_argument("remote", metavar="REMOTE")
+    p.add_argument("--user", help="owner of the written file")
+
+    p = _add(sub, "download", files.cmd_download, "copy a file out of a sandbox")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("remote", metavar="REMOTE")
+    p.add_argument("local", metavar="LOCAL")
+    p.add_argument("--user", help="read as this user")
+
+    p = _add(sub, "doctor", doctor.cmd_doctor, "check this host's prerequisites")
+    _config_arg(p)
+
+    kit = sub.add_parser("kit", help="guest kit and base template", description="guest kit")
+    kit_sub = kit.add_subparsers(dest="kit_command", metavar="COMMAND", required=True)
+    p = _add(kit_sub, "build", host.cmd_kit_build, "build the guest kit and the base template")
+    p.add_argument("--force", action="store_true", help="rebuild even if present")
+    _config_arg(p)
+
+    p = _add(sub, "server", host.cmd_server, "run the API server")
+    p.add_argument("--host", help="listen address (default from config)")
+    p.add_argument("--port", type=int, help="listen port (default from config)")
+    _config_arg(p)
+    return parser
+
+
+def _split_exec(argv: list[str]) -> tuple[list[str], list[str]]:
+    """For `exec`, everything after the first `--` is the command, options included."""
+    if argv[:1] == ["exec"] and "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def main(argv: list[str] | None = None, ctx: Context | None = None) -> int:
+    """Run one command; returns the exit status (the console script exits with it)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    head, tail = _split_exec(argv)
+    args = build_parser().parse_args(head)
+    if tail:
+        args.command = [*args.command, *tail]
+    ctx = ctx or Context()
+    try:
+        return args.handler(ctx, args)
+    except CliError as exc:
+        ctx.warn(f"error: {exc.message}")
+        return exc.exit_code
+    except ApiError as exc:
+        hint = " (run `aenv auth` or set AENV_API_KEY)" if exc.status == 401 else ""
+        ctx.warn(f"error: {exc.message}{hint}")
+        return 1
+    except ConnectError as exc:
+        ctx.warn(f"error: {exc}")
+        return 1
+    except ServerUnreachable as exc:
+        ctx.warn(f"error: {exc}")
+        return 1
+    except httpx.TimeoutException as exc:
+        ctx.warn(f"error: request timed out ({exc.__class__.__name__})")
+        return 1
+    except httpx.HTTPError as exc:
+        ctx.warn(f"error: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        ctx.warn("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Interactive shells: local terminal in raw mode, remote PTY over `process.Process/*`."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import select
+import signal
+import termios
+import threading
+import tty
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from agentenv.cli.client import EnvdClient, ServerUnreachable
+from agentenv.cli.connect import ConnectError
+from agentenv.cli.context import CliError
+from agentenv.cli.process import ProcessResult, ProcessStream
+
+_BATCH_BYTES = 64 * 1024
+_BATCH_WAIT = 0.005  # seconds to wait for more keystrokes before sending a batch
+
+
+def terminal_size(fd: int) -> dict[str, int]:
+    """`{"cols", "rows"}` of the terminal on `fd`, 80x24 if unknown."""
+    try:
+        size = os.get_terminal_size(fd)
+        return {"cols": size.columns or 80, "rows": size.lines or 24}
+    except OSError:
+        return {"cols": 80, "rows": 24}
+
+
+@contextlib.contextmanager
+def raw_mode(fd: int) -> Iterator[None]:
+    """Put the terminal in raw mode; always restore the previous settings."""
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setraw(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def pty_start_request(size: dict[str, int], term: str) -> dict[str, Any]:
+    """The `Start` body for an interactive login shell on a PTY."""
+    return {
+        "process": {"cmd": "/bin/bash", "args": ["-i", "-l"], "envs": {"TERM": term}},
+        "pty": {"size": size},
+    }
+
+
+class InputPump(threading.Thread):
+    """Forward keystrokes (batched) with `SendInput` and window changes with `Update`."""
+
+    def __init__(self, envd: EnvdClient, pid: int, stdin_fd: int, wake_fd: int) -> None:
+        super().__init__(name="aenv-input", daemon=True)
+        self._envd = envd
+        self._pid = pid
+        self._stdin_fd = stdin_fd
+        self._wake_fd = wake_fd
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        with contextlib.suppress(OSError):  # fds closed under us at teardown
+            self._loop()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._stdin_fd, self._wake_fd], [], [], 0.5)
+            if self._wake_fd in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_fd, 512)
+                if not self._stop.is_set():
+                    self._call(
+                        "process.Process/Update", {"pty": {"size": terminal_size(self._stdin_fd)}}
+                    )
+            if self._stdin_fd in ready:
+                data = self._read_batch()
+                if not data:
+                    return  # terminal closed
+                self._call(
+                    "process.Process/SendInput", {"input": {"pty": base64.b64encode(data).decode()}}
+                )
+
+    def _read_batch(self) -> bytes:
+        data = os.read(self._stdin_fd, 4096)
+        while data and len(data) < _BATCH_BYTES:
+            ready, _, _ = select.select([self._stdin_fd], [], [], _BATCH_WAIT)
+            if not ready:
+                break
+            more = os.read(self._stdin_fd, 4096)
+            if not more:
+                break
+            data += more
+        return data
+
+    def _call(self, method: str, body: dict[str, Any]) -> None:
+        try:
+            self._envd.unary(method, {"process": {"pid": self._pid}, **body})
+        except ServerUnreachable:
+            self._stop.set()
+        except (ConnectError, httpx.HTTPError):
+            pass  # the process may be gone; the output stream reports how it ended
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def attach_shell(
+    envd: EnvdClient, *, stdin_fd: int = 0, stdout_fd: int = 1, term: str | None = None
+) -> ProcessResult | None:
+    """Run `bash -i -l` on a remote PTY wired to this terminal until the shell exits."""
+    if not os.isatty(stdin_fd):
+        raise CliError(
+            "an interactive shell needs a terminal (stdin is not a TTY); use `aenv exec`"
+        )
+    term = term or os.environ.get("TERM") or "xterm-256color"
+    body = pty_start_request(terminal_size(stdin_fd), term)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    input_client = envd.clone()
+    pumps: list[InputPump] = []
+
+    def on_start(pid: int) -> None:
+        pump = InputPump(input_client, pid, stdin_fd, wake_r)
+        pumps.append(pump)
+        pump.start()
+
+    def on_winch(signum: int, frame: object) -> None:
+        with contextlib.suppress(OSError):
+            os.write(wake_w, b"w")
+
+    previous = signal.signal(signal.SIGWINCH, on_winch)
+    try:
+        with raw_mode(stdin_fd):
+            stream = ProcessStream(pty=lambda data: _write_all(stdout_fd, data), on_start=on_start)
+            return stream.run(envd.stream("process.Process/Start", body, timeout=None))
+    finally:
+        signal.signal(signal.SIGWINCH, previous)
+        for pump in pumps:
+            pump.stop()
+        with contextlib.suppress(OSError):
+            os.write(wake_w, b"x")
+        for pump in pumps:
+            pump.join(timeout=1.0)
+        input_client.close()
+        os.close(wake_r)
+        os.close(wake_w)

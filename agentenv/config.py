@@ -1,0 +1,166 @@
+"""Server configuration: one TOML file, each key overridable by `AENV_<SECTION>_<KEY>`."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def _default_home() -> str:
+    return "/var/lib/aenv" if os.geteuid() == 0 else str(Path.home() / ".aenv")
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Empty: taken from AENV_API_KEY, else generated on first start and kept in home.
+    api_key: str = ""
+    # Sandbox domain for `{port}-{id}.{domain}` routing; empty means none.
+    domain: str = ""
+
+
+@dataclass
+class PathsConfig:
+    home: str = field(default_factory=_default_home)
+    # Empty means a folder under home; tests point these at a shared cache.
+    kit_dir: str = ""
+    images_dir: str = ""
+
+
+@dataclass
+class SandboxConfig:
+    default_timeout: int = 300
+    max_timeout: int = 86400
+    vcpus: int = 1
+    memory_mb: int = 512
+    disk_size_mb: int = 4096
+    boot_timeout: float = 90.0
+    boot_attempts: int = 2
+    # Host memory/disk kept free; creation answers 503 below these.
+    min_free_memory_mb: int = 512
+    min_free_disk_mb: int = 1024
+
+
+@dataclass
+class VmmConfig:
+    # "auto" probes KVM once per host and kernel; "kvm" or "tcg" force one.
+    accel: str = "auto"
+    qemu_binary: str = "qemu-system-x86_64"
+    kvm_probe_timeout: float = 20.0
+
+
+@dataclass
+class NetConfig:
+    # Names of namespaces, veths and host chains start with this; two servers on one
+    # host (a developer's and the tests') need different prefixes and subnets.
+    name_prefix: str = "aenv"
+    # Host-side /30 per sandbox is carved from this /16.
+    host_subnet: str = "10.199.0.0/16"
+    guest_ip: str = "169.254.0.21"
+    guest_gateway: str = "169.254.0.22"
+    guest_prefix: int = 30
+
+
+@dataclass
+class KitConfig:
+    mirror: str = "http://deb.debian.org/debian"
+    suite: str = "bookworm"
+    kernel_package: str = "linux-image-cloud-amd64"
+
+
+@dataclass
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    vmm: VmmConfig = field(default_factory=VmmConfig)
+    net: NetConfig = field(default_factory=NetConfig)
+    kit: KitConfig = field(default_factory=KitConfig)
+
+    @property
+    def home(self) -> Path:
+        return Path(self.paths.home)
+
+    @property
+    def kit_dir(self) -> Path:
+        return Path(self.paths.kit_dir) if self.paths.kit_dir else self.home / "kit"
+
+    @property
+    def images_dir(self) -> Path:
+        return Path(self.paths.images_dir) if self.paths.images_dir else self.home / "images"
+
+    @property
+    def sandboxes_dir(self) -> Path:
+        return self.home / "sandboxes"
+
+    @property
+    def state_db(self) -> Path:
+        return self.home / "state.db"
+
+
+class ConfigError(ValueError):
+    """A configuration file or variable holds an unknown key or a bad value."""
+
+
+def _coerce(value: str, kind: type) -> Any:
+    if kind is bool:
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"not a boolean: {value!r}")
+    try:
+        return kind(value)
+    except ValueError as exc:
+        raise ConfigError(f"not a {kind.__name__}: {value!r}") from exc
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, env: dict[str, str] | None = None
+) -> Config:
+    """Defaults, then the TOML file (`path` or `AENV_CONFIG`), then `AENV_<SECTION>_<KEY>`."""
+    env = dict(os.environ if env is None else env)
+    path = path or env.get("AENV_CONFIG")
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config {path}: {exc}") from exc
+    cfg = Config()
+    sections = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    for name, table in data.items():
+        if name not in sections or not isinstance(table, dict):
+            raise ConfigError(f"unknown config section [{name}]")
+        section = sections[name]
+        known = {f.name: f for f in dataclasses.fields(section)}
+        for key, value in table.items():
+            if key not in known:
+                raise ConfigError(f"unknown config key {name}.{key}")
+            kind = type(getattr(section, key))
+            if not isinstance(value, kind) and not (kind is float and isinstance(value, int)):
+                raise ConfigError(f"{name}.{key} must be {kind.__name__}")
+            setattr(section, key, kind(value))
+    for name, section in sections.items():
+        for f in dataclasses.fields(section):
+            var = f"AENV_{name}_{f.name}".upper()
+            if var in env:
+                kind = type(getattr(section, f.name))
+                try:
+                    setattr(section, f.name, _coerce(env[var], kind))
+                except ConfigError as exc:
+                    raise ConfigError(f"{var}: {exc}") from exc
+    # Short names documented for users: AENV_HOME, AENV_PORT, AENV_API_KEY.
+    for var, section, key in (
+        ("AENV_HOME", cfg.paths, "home"),
+        ("AENV_PORT", cfg.server, "port"),
+        ("AENV_API_KEY", cfg.server, "api_key"),
+    ):
+        if var in env:
+            setattr(section, key, _coerce(env[var], type(getattr(section, key))))
+    return cfg

@@ -1,0 +1,47 @@
+"""Command line: ``python -m aenv_agent --host 0.0.0.0 --port 49983 --rootfs /rootfs``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+
+from .server import serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="aenv_agent", description=__doc__)
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    parser.add_argument("--port", type=int, default=49983, help="port to listen on")
+    parser.add_argument(
+        "--rootfs", default="/", help="the user's root filesystem (processes are chrooted there)"
+    )
+    parser.add_argument("--log-level", default="INFO", help="stderr log level")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format="%(asctime)s aenv-agent %(levelname)s %(message)s",
+    )
+    if not os.path.isdir(args.rootfs):
+        parser.error(f"--rootfs {args.rootfs} is not a directory")
+
+    async def run() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            # Cancel the server task so aiohttp's cleanup runs, then exit normally.
+            loop.add_signal_handler(signum, task.cancel)  # type: ignore[union-attr]
+        await serve(args.host, args.port, args.rootfs)
+
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The agent's aiohttp application: auth middleware, ``/health``, ``/init``, ``/envs``,
+``/metrics``, and the routes of the Connect services and ``/files``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from . import files, filesystem, process
+from .connect import ConnectError, error_response, json_response, log_error
+from .state import STATE_KEY, AgentState, get_state
+
+log = logging.getLogger("aenv_agent")
+
+# Reachable without X-Access-Token: /files checks the token or a signature itself.
+OPEN_ROUTES = {("GET", "/health"), ("POST", "/init"), ("GET", "/files"), ("POST", "/files")}
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Enforce the /init access token; Connect routes get a Connect error."""
+    if (request.method, request.path) in OPEN_ROUTES or get_state(request).token_ok(request):
+        return await handler(request)
+    err = ConnectError("unauthenticated", "missing or invalid X-Access-Token")
+    log_error(request, err)
+    if request.path.count("/") == 2 and "." in request.path.split("/")[1]:
+        return error_response(err)
+    return json_response({"code": 401, "message": err.message}, status=401)
+
+
+async def health(_request: web.Request) -> web.Response:
+    return web.Response(status=204)
+
+
+async def init(request: web.Request) -> web.Response:
+    state = get_state(request)
+    try:
+        body = json.loads(await request.read() or b"{}")
+        if not isinstance(body, dict):
+            raise ValueError("body must be a JSON object")
+    except ValueError as err:
+        log_error(request, err)
+        return json_response({"code": 400, "message": f"invalid JSON: {err}"}, status=400)
+    env_vars = body.get("envVars") or {}
+    if isinstance(env_vars, dict):
+        state.env_vars.update({str(k): str(v) for k, v in env_vars.items()})
+    if body.get("accessToken"):
+        state.access_token = str(body["accessToken"])
+    if body.get("defaultUser"):
+        state.default_user = str(body["defaultUser"])
+    if body.get("defaultWorkdir"):
+        state.default_workdir = str(body["defaultWorkdir"])
+    return web.Response(status=204)
+
+
+async def envs(request: web.Request) -> web.Response:
+    return json_response(get_state(request).env_vars)
+
+
+class CpuSampler:
+    """CPU busy percentage between successive /metrics calls, from /proc/stat."""
+
+    def __init__(self) -> None:
+        self.last = self._read()
+
+    @staticmethod
+    def _read() -> tuple[int, int]:
+        try:
+            with open("/proc/stat") as fh:
+                fields = [int(x) for x in fh.readline().split()[1:]]
+        except (OSError, ValueError):
+            return 0, 0
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields), idle
+
+    async def percent(self) -> float:
+        total, idle = self._read()
+        if total - self.last[0] <= 0:
+            await asyncio.sleep(0.1)
+            total, idle = self._read()
+        d_total, d_idle = total - self.last[0], idle - self.last[1]
+        self.last = (total, idle)
+        return round(100.0 * (d_total - d_idle) / d_total, 2) if d_total > 0 else 0.0
+
+
+def _meminfo() -> tuple[int, int]:
+    values: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                values[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    total = values.get("MemTotal", 0)
+    return total, total - values.get("MemAvailable", values.get("MemFree", 0))
+
+
+CPU_KEY = "aenv_cpu"
+
+
+async def metrics(request: web.Request) -> web.Response:
+    state = get_state(request)
+    sampler: CpuSampler = request.app[CPU_KEY]
+    mem_total, mem_used = _meminfo()
+    vfs = os.statvfs(state.rootfs.root)
+    return json_response(
+        {
+            "ts": int(time.time()),
+            "cpu_count": os.cpu_count() or 1,
+            "cpu_used_pct": await sampler.percent(),
+            "mem_total": mem_total,
+            "mem_used": mem_used,
+            "disk_used": (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize,
+            "disk_total": vfs.f_blocks * vfs.f_frsize,
+        }
+    )
+
+
+def create_app(rootfs: str) -> web.Application:
+    """Build the application serving the user's root filesystem at ``rootfs``."""
+    from .state import app_key
+
+    global CPU_KEY
+    CPU_KEY = app_key("aenv_cpu", CpuSampler)
+    # client_max_size only bounds request.read()/post(); /files streams and is unaffected.
+    app = web.Application(middlewares=[auth_middleware], client_max_size=64 * 1024 * 1024)
+    app[STATE_KEY] = AgentState.create(rootfs)
+    app[CPU_KEY] = CpuSampler()
+    app.router.add_get("/health", health)
+    app.router.add_post("/init", init)
+    app.router.add_get("/envs", envs)
+    app.router.add_get("/metrics", metrics)
+    files.setup(app)
+    process.setup(app)
+    filesystem.setup(app)
+    return app
+
+
+async def serve(host: str, port: int, rootfs: str) -> None:
+    """Run until cancelled."""
+    app = create_app(rootfs)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    log.info("aenv agent listening on %s:%d, rootfs %s", host, port, rootfs)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,28 @@
+"""The host's client for the guest agent's plain HTTP endpoints (health, init)."""
+
+from __future__ import annotations
+
+import httpx
+
+
+class AgentClient:
+    """Talks to one guest agent at `base_url` (reached through the sandbox's namespace)."""
+
+    def __init__(self, base_url: str, timeout: float = 5.0) -> None:
+        self._base_url = base_url
+        self._timeout = timeout
+
+    async def healthy(self) -> bool:
+        try:
+            async with httpx.AsyncClient(base_url=self._base_url, timeout=1.0) as client:
+                return (await client.get("/health")).status_code == 204
+        except httpx.HTTPError:
+            return False
+
+    async def init(self, env_vars: dict[str, str], access_token: str | None) -> None:
+        body: dict[str, object] = {"envVars": env_vars}
+        if access_token:
+            body["accessToken"] = access_token
+        async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
+            response = await client.post("/init", json=body)
+            response.raise_for_status()

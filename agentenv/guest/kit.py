@@ -1,0 +1,225 @@
+"""The guest kit: kernel, initramfs and the shared read-only runtime disk with the agent.
+
+Built once per set of inputs into `cfg.kit_dir/<version>/`; `cfg.kit_dir/manifest.json`
+names the current version. Old versions stay, since paused sandboxes may still use them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from agentenv.config import Config, NetConfig
+from agentenv.guest.buildutil import (
+    KitBuildError,
+    Progress,
+    hash_tree,
+    locked,
+    remove_tree,
+    run,
+    step,
+)
+from agentenv.guest.debootstrap import clean_tree, debootstrap
+from agentenv.guest.ext4 import pack_ext4
+from agentenv.guest.initramfs import INIT_SCRIPT, build_initramfs
+from agentenv.guest.kernel import WANTED_MODULES, fetch_kernel
+
+__all__ = ["Kit", "KitBuildError", "build_kit", "kernel_cmdline", "kit_version", "load_kit"]
+
+# Bump when the builder's output changes for the same inputs.
+KIT_FORMAT = 1
+AGENT_SRC = Path(__file__).with_name("agent")
+AGENT_PORT = 49983
+RUNTIME_LABEL = "aenv-runtime"
+ROOTFS_LABEL = "aenv-rootfs"
+RUNTIME_PACKAGES = ("python3", "python3-aiohttp")
+RUNTIME_MOUNTPOINTS = ("rootfs", "proc", "sys", "dev", "tmp", "run")
+KERNEL_NAME, INITRD_NAME, RUNTIME_NAME = "vmlinuz", "initrd.img", "runtime.ext4"
+
+
+@dataclass(frozen=True)
+class Kit:
+    """Files a VMM needs to boot a sandbox, and the content hash that names them."""
+
+    kernel: Path
+    initrd: Path
+    runtime_disk: Path
+    version: str
+
+
+def kit_inputs(cfg: Config) -> dict[str, object]:
+    """Everything the kit's content depends on, besides the agent and init sources."""
+    return {
+        "format": KIT_FORMAT,
+        "mirror": cfg.kit.mirror,
+        "suite": cfg.kit.suite,
+        "kernel_package": cfg.kit.kernel_package,
+        "modules": list(WANTED_MODULES),
+        "runtime_packages": list(RUNTIME_PACKAGES),
+    }
+
+
+def kit_version(
+    cfg: Config, *, init_script: Path = INIT_SCRIPT, agent_src: Path = AGENT_SRC
+) -> str:
+    """Content hash of all kit inputs: config, package lists, init script, agent sources."""
+    h = hashlib.sha256(json.dumps(kit_inputs(cfg), sort_keys=True).encode())
+    h.update(b"init\0" + init_script.read_bytes())
+    if agent_src.is_dir():
+        hash_tree(h, agent_src, "agent")
+    return h.hexdigest()[:16]
+
+
+def kernel_cmdline(
+    net: NetConfig,
+    *,
+    hostname: str | None = None,
+    dns: str | None = None,
+    extra: Iterable[str] = (),
+) -> str:
+    """Kernel command line for the kit's /init: console, fail-fast panics, aenv.* network."""
+    args = ["console=ttyS0", "quiet", "panic=-1", "reboot=t"]
+    args.append(f"aenv.ip={net.guest_ip}/{net.guest_prefix}")
+    args.append(f"aenv.gw={net.guest_gateway}")
+    if hostname:
+        args.append(f"aenv.hostname={hostname}")
+    if dns:
+        args.append(f"aenv.dns={dns}")
+    args.extend(extra)
+    for arg in args:
+        if not arg or any(c.isspace() for c in arg):
+            raise ValueError(f"bad kernel argument {arg!r}")
+    return " ".join(args)
+
+
+def parse_aenv_args(cmdline: str) -> dict[str, str]:
+    """The aenv.* arguments of a kernel command line, as /init reads them."""
+    out = {}
+    for arg in cmdline.split():
+        key, sep, value = arg.partition("=")
+        if sep and key.startswith("aenv."):
+            out[key.removeprefix("aenv.")] = value
+    return out
+
+
+def _kit_from_dir(directory: Path, version: str) -> Kit:
+    return Kit(
+        kernel=directory / KERNEL_NAME,
+        initrd=directory / INITRD_NAME,
+        runtime_disk=directory / RUNTIME_NAME,
+        version=version,
+    )
+
+
+def load_kit(cfg: Config) -> Kit | None:
+    """The built kit matching the current inputs, or None if it must be (re)built."""
+    version = kit_version(cfg)
+    directory = cfg.kit_dir / version
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    kit = _kit_from_dir(directory, version)
+    if manifest.get("version") != version:
+        return None
+    if not all(p.is_file() for p in (kit.kernel, kit.initrd, kit.runtime_disk)):
+        return None
+    return kit
+
+
+def build_kit(cfg: Config, *, force: bool = False, progress: Progress = print) -> Kit:
+    """Build the kit unless one for the same inputs exists; returns it either way."""
+    cfg.kit_dir.mkdir(parents=True, exist_ok=True)
+    with locked(cfg.kit_dir / ".build.lock"):
+        kit = load_kit(cfg)
+        if kit is not None and not force:
+            progress(f"kit {kit.version} is up to date in {cfg.kit_dir}")
+            return kit
+        t0 = time.monotonic()
+        work = Path(tempfile.mkdtemp(prefix=".build-", dir=cfg.kit_dir))
+        try:
+            # Hash and build from one snapshot, so edits made meanwhile cannot mislabel the kit.
+            agent = work / "agent-src"
+            _copy_agent(AGENT_SRC, agent)
+            version = kit_version(cfg, agent_src=agent)
+            out = work / "out"
+            out.mkdir()
+            manifest = _build_into(cfg, work, out, agent, progress)
+            manifest.update(version=version, inputs=kit_inputs(cfg), built_at=time.time())
+            (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            final = cfg.kit_dir / version
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(out, final)
+            current = cfg.kit_dir / "manifest.json"
+            tmp = current.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({"version": version, "dir": version}, indent=2) + "\n")
+            os.replace(tmp, current)
+        finally:
+            remove_tree(work)
+        progress(f"kit {version} built in {time.monotonic() - t0:.1f}s: {final}")
+        if kit_version(cfg) != version:
+            progress("note: agent sources changed during the build; build again to pick them up")
+        return _kit_from_dir(final, version)
+
+
+def _copy_agent(src: Path, dest: Path) -> None:
+    if not src.is_dir():
+        raise KitBuildError(f"runtime: agent sources missing at {src}")
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+
+def _build_into(
+    cfg: Config, work: Path, out: Path, agent: Path, progress: Progress
+) -> dict[str, object]:
+    kernel = fetch_kernel(cfg, work, work / "kernel", progress)
+    os.replace(kernel.vmlinuz, out / KERNEL_NAME)
+    build_initramfs(work / "initramfs", out / INITRD_NAME, kernel.modules, progress)
+    tree = work / "runtime"
+    debootstrap(tree, RUNTIME_PACKAGES, cfg, progress)
+    with step(progress, "installing agent into runtime tree"):
+        prepare_runtime_tree(tree, agent)
+    size = pack_ext4(tree, out / RUNTIME_NAME, None, RUNTIME_LABEL, progress, journal=False)
+    return {
+        "kernel_release": kernel.release,
+        "kernel_image_package": kernel.package,
+        "modules": [m.stem for m in kernel.modules],
+        "runtime_size_mb": size,
+        "files": {"kernel": KERNEL_NAME, "initrd": INITRD_NAME, "runtime_disk": RUNTIME_NAME},
+    }
+
+
+def prepare_runtime_tree(tree: Path, agent_src: Path) -> None:
+    """Copy in and byte-compile the agent, add mountpoints, drop what never runs."""
+    clean_tree(tree, docs=True, locales=True)
+    shutil.rmtree(tree / "debootstrap", ignore_errors=True)
+    for sub in RUNTIME_MOUNTPOINTS:
+        path = tree / sub
+        if path.is_dir() and not path.is_symlink():
+            # Whatever debootstrap left there is hidden by the mount at boot anyway.
+            for child in path.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+        path.mkdir(exist_ok=True)
+    _copy_agent(agent_src, tree / "opt/aenv/aenv_agent")
+    # Compiled by the guest's own interpreter; unchecked-hash pycs never stat their source,
+    # which suits a read-only disk.
+    run(
+        "byte-compile agent",
+        ["chroot", tree, "/usr/bin/python3", "-m", "compileall", "-q", "--invalidation-mode",
+         "unchecked-hash", "/opt/aenv"],
+    )  # fmt: skip
+
+
+def describe(kit: Kit) -> dict[str, object]:
+    """A JSON-friendly view of a kit, for the CLI."""
+    return {k: str(v) for k, v in asdict(kit).items()}

@@ -1,0 +1,321 @@
+"""The node runtime: creates, tracks and removes sandboxes, each a VM in its own network."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import shutil
+import string
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from ..config import Config
+from ..control.store import SandboxRecord, SandboxStore
+from ..errors import Conflict, InvalidInput, NotFound, Unavailable
+from ..guest.client import AgentClient
+from ..guest.kit import Kit
+from ..images.catalog import TemplateCatalog
+from ..net.netns import NetworkPlan, create_network, destroy_network, plan_network
+from ..vmm.driver import DiskSpec, VmHandle, VmmDriver, VmmError, VmSpec
+from .admission import admit
+from .cleanup import CleanupStack
+from .lifecycle import Event, State, next_state
+
+log = logging.getLogger(__name__)
+
+AGENT_PORT = 49983
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+@dataclass
+class CreateRequest:
+    template_id: str
+    timeout: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    auto_pause: bool = False
+    allow_internet: bool = True
+    secure: bool = False
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where the proxy sends a sandbox's traffic, and the token it must check."""
+
+    host: str
+    access_token: str | None
+
+
+def new_sandbox_id() -> str:
+    return "i" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(19))
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class SandboxManager:
+    """Owns every sandbox on this node; all lifecycle changes go through `_transition`."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        store: SandboxStore,
+        driver: VmmDriver,
+        kit: Kit,
+        catalog: TemplateCatalog,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.driver = driver
+        self.kit = kit
+        self.catalog = catalog
+        self._slot_lock = asyncio.Lock()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._routes: dict[str, Route] = {}
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+
+    def workdir(self, sandbox_id: str) -> Path:
+        return self.cfg.sandboxes_dir / sandbox_id
+
+    def network_plan(self, record: SandboxRecord) -> NetworkPlan:
+        net = self.cfg.net
+        return plan_network(
+            record.slot,
+            record.sandbox_id,
+            name_prefix=net.name_prefix,
+            host_subnet=net.host_subnet,
+            guest_ip=net.guest_ip,
+            guest_gateway=net.guest_gateway,
+            guest_prefix=net.guest_prefix,
+        )
+
+    def _agent(self, record: SandboxRecord) -> AgentClient:
+        return AgentClient(f"http://{self.network_plan(record).ns_ip}:{AGENT_PORT}")
+
+    async def _transition(self, record: SandboxRecord, event: Event) -> None:
+        record.state = next_state(State(record.state), event)
+        await self.store.update(record.sandbox_id, state=record.state)
+
+    def _clamp_timeout(self, timeout: int) -> int:
+        if timeout < 0:
+            raise InvalidInput("timeout must not be negative")
+        return min(timeout, self.cfg.sandbox.max_timeout)
+
+    # -- queries ---------------------------------------------------------------------
+
+    async def get(self, sandbox_id: str) -> SandboxRecord:
+        record = await self.store.get(sandbox_id)
+        if record is None or record.state == State.KILLING:
+            raise NotFound(f"sandbox '{sandbox_id}' not found")
+        return record
+
+    async def list(self) -> list[SandboxRecord]:
+        return [r for r in await self.store.list() if r.state != State.KILLING]
+
+    def route(self, sandbox_id: str) -> Route | None:
+        return self._routes.get(sandbox_id)
+
+    # -- create ----------------------------------------------------------------------
+
+    async def create(self, request: CreateRequest) -> SandboxRecord:
+        """Boot a sandbox; on any failure every acquired resource is released again."""
+        template = self.catalog.resolve(request.template_id)
+        timeout = self._clamp_timeout(request.timeout)
+        sandbox = self.cfg.sandbox
+        admit(
+            sandbox.memory_mb, sandbox.min_free_memory_mb, self.cfg.home, sandbox.min_free_disk_mb
+        )
+        started = now()
+        cleanup = CleanupStack(f"create sandbox for {request.template_id}")
+        async with self._slot_lock:
+            used = {r.slot for r in await self.store.list()}
+            slot = next(i for i in range(len(used) + 1) if i not in used)
+            record = SandboxRecord(
+                sandbox_id=new_sandbox_id(),
+                template_id=template.template_id,
+                alias=template.alias,
+                state=State.CREATING,
+                started_at=started,
+                end_at=started + timedelta(seconds=timeout),
+                vcpus=sandbox.vcpus,
+                memory_mb=sandbox.memory_mb,
+                disk_mb=sandbox.disk_size_mb,
+                slot=slot,
+                metadata=request.metadata,
+                env_vars=request.env_vars,
+                auto_pause=request.auto_pause,
+                allow_internet=request.allow_internet,
+                access_token=secrets.token_hex(16) if request.secure else None,
+            )
+            await self.store.insert(record)
+        cleanup.push("state record", lambda: self.store.delete(record.sandbox_id))
+        try:
+            async with self._lock(record.sandbox_id):
+                await self._provision(record, template.rootfs, template.rootfs_format, cleanup)
+                await self._transition(record, Event.BOOTED)
+                self._routes[record.sandbox_id] = Route(
+                    self.network_plan(record).ns_ip, record.access_token
+                )
+            cleanup.dismiss()
+            log.info("sandbox %s running (slot %d)", record.sandbox_id, record.slot)
+            return record
+        except BaseException:
+            await cleanup.run()
+            self._locks.pop(record.sandbox_id, None)
+            raise
+
+    async def _provision(
+        self, record: SandboxRecord, rootfs: Path, rootfs_format: str, cleanup: CleanupStack
+    ) -> None:
+        workdir = self.workdir(record.sandbox_id)
+        workdir.mkdir(parents=True)
+        cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
+        overlay = workdir / "rootfs.qcow2"
+        await _run_tool(
+            "qemu-img", "create", "-q", "-f", "qcow2", "-F", rootfs_format,
+            "-b", str(rootfs), str(overlay),
+        )  # fmt: skip
+        plan = self.network_plan(record)
+        await create_network(plan, record.allow_internet)
+        cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
+        spec = VmSpec(
+            name=f"aenv-{record.sandbox_id}",
+            vcpus=record.vcpus,
+            memory_mb=record.memory_mb,
+            kernel=self.kit.kernel,
+            initrd=self.kit.initrd,
+            disks=(
+                DiskSpec(self.kit.runtime_disk, "raw", read_only=True),
+                DiskSpec(overlay, "qcow2"),
+            ),
+            workdir=workdir,
+            kernel_args=plan.guest_kernel_args,
+            netns=plan.netns,
+            tap="tap0",
+        )
+        handle = await self._boot(spec, record)
+        cleanup.push("vm", lambda: self.driver.stop(handle))
+        record.vm = handle.to_dict()
+        await self.store.update(record.sandbox_id, vm=record.vm)
+        await self._agent(record).init(record.env_vars, record.access_token)
+
+    async def _boot(self, spec: VmSpec, record: SandboxRecord) -> VmHandle:
+        """Boot with a deadline; retry once, since TCG guests occasionally stall early."""
+        agent = self._agent(record)
+        attempts = max(1, self.cfg.sandbox.boot_attempts)
+        problem = ""
+        for attempt in range(1, attempts + 1):
+            handle = await self.driver.boot(spec)
+            try:
+                async with asyncio.timeout(self.cfg.sandbox.boot_timeout):
+                    while not await agent.healthy():
+                        if not self.driver.is_alive(handle):
+                            raise VmmError("the VM exited during boot")
+                        await asyncio.sleep(0.1)
+                return handle
+            except (TimeoutError, VmmError) as exc:
+                problem = str(exc) or f"no answer within {self.cfg.sandbox.boot_timeout:.0f}s"
+                tail = _tail(handle.console_log)
+                log.warning(
+                    "boot attempt %d of %s failed: %s\n%s", attempt, spec.name, problem, tail
+                )
+                await self.driver.stop(handle)
+                handle.console_log.rename(handle.console_log.with_suffix(f".{attempt}.log"))
+            except BaseException:
+                await self.driver.stop(handle)
+                raise
+        raise Unavailable(f"sandbox did not boot after {attempts} attempts: {problem}")
+
+    # -- changes ---------------------------------------------------------------------
+
+    async def kill(self, sandbox_id: str) -> None:
+        record = await self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            if record.state == State.CREATING:
+                raise Conflict(f"sandbox '{sandbox_id}' is still starting")
+            await self._transition(record, Event.KILL)
+            self._routes.pop(sandbox_id, None)
+            await self.teardown(record)
+        self._locks.pop(sandbox_id, None)
+        log.info("sandbox %s killed", sandbox_id)
+
+    async def teardown(self, record: SandboxRecord) -> None:
+        """Release everything a sandbox holds, then forget it; a failure keeps the record."""
+        plan = self.network_plan(record)
+        cleanup = CleanupStack(f"teardown {record.sandbox_id}")
+        cleanup.push("state record", lambda: self.store.delete(record.sandbox_id))
+        workdir = self.workdir(record.sandbox_id)
+        cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
+        cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
+        if record.vm:
+            handle = VmHandle.from_dict(record.vm)
+            cleanup.push("vm", lambda: self.driver.stop(handle))
+        errors = await cleanup.run()
+        if errors:
+            raise Unavailable(f"sandbox '{record.sandbox_id}' teardown incomplete: {errors[0]}")
+
+    async def set_timeout(self, sandbox_id: str, timeout: int) -> None:
+        """New expiry = now + timeout; it may shorten the sandbox's life as well as extend it."""
+        record = await self.get(sandbox_id)
+        end_at = now() + timedelta(seconds=self._clamp_timeout(timeout))
+        await self.store.update(record.sandbox_id, end_at=end_at)
+
+    async def refresh(self, sandbox_id: str, duration: int) -> None:
+        """Keep-alive: extend the expiry to at least now + duration, never shorten it."""
+        record = await self.get(sandbox_id)
+        end_at = max(record.end_at, now() + timedelta(seconds=self._clamp_timeout(duration)))
+        await self.store.update(record.sandbox_id, end_at=end_at)
+
+    # -- background ------------------------------------------------------------------
+
+    async def sweep_once(self) -> None:
+        """Kill expired sandboxes and forget those whose VM died on its own."""
+        for record in await self.store.list():
+            if record.state != State.RUNNING:
+                continue
+            expired = record.end_at <= now()
+            dead = record.vm is not None and not self.driver.is_alive(VmHandle.from_dict(record.vm))
+            if not (expired or dead):
+                continue
+            if dead:
+                log.warning("sandbox %s: VM exited on its own; removing it", record.sandbox_id)
+            with contextlib.suppress(NotFound, Conflict):
+                await self.kill(record.sandbox_id)
+
+    async def run_sweeper(self, interval: float = 1.0) -> None:
+        while True:
+            try:
+                await self.sweep_once()
+            except Exception:
+                log.exception("sweeper pass failed")
+            await asyncio.sleep(interval)
+
+    def adopt(self, record: SandboxRecord) -> None:
+        """Serve a sandbox whose VM survived a server restart."""
+        self._routes[record.sandbox_id] = Route(
+            self.network_plan(record).ns_ip, record.access_token
+        )
+
+
+async def _run_tool(*args: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise Unavailable(f"{args[0]} failed: {err.decode(errors='replace').strip()}")
+
+
+def _tail(path: Path, limit: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:]
+    except OSError:
+        return ""

@@ -1,0 +1,98 @@
+"""The one interface every VMM driver (QEMU, Firecracker) implements for the runtime."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    """Everything a driver needs to boot one sandbox VM."""
+
+    name: str
+    vcpus: int
+    memory_mb: int
+    kernel: Path
+    initrd: Path
+    # Disks in order; the guest finds them by filesystem label, not by position.
+    disks: tuple[DiskSpec, ...]
+    # Directory the VM owns: memory file, control socket, console log.
+    workdir: Path
+    kernel_args: str = ""
+    # Network namespace and tap device the VM's NIC attaches to (None: no NIC).
+    netns: str | None = None
+    tap: str | None = None
+    mac: str = "02:fc:00:00:00:05"
+
+
+@dataclass(frozen=True)
+class DiskSpec:
+    path: Path
+    format: str = "raw"
+    read_only: bool = False
+
+
+@dataclass
+class VmHandle:
+    """What identifies a running VM; persisted so a restarted server can re-adopt it."""
+
+    driver: str
+    pid: int
+    workdir: str
+    accel: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VmHandle:
+        return cls(**data)
+
+    @property
+    def console_log(self) -> Path:
+        return Path(self.workdir) / "console.log"
+
+
+class VmmError(RuntimeError):
+    """A VMM operation failed; the message names the step."""
+
+
+class VmmDriver(Protocol):
+    """Boot, stop, pause/snapshot, restore and balloon: the runtime sees nothing else."""
+
+    name: str
+
+    async def boot(self, spec: VmSpec) -> VmHandle:
+        """Start the VM; returns once the VMM is up (not the guest)."""
+        ...
+
+    async def stop(self, handle: VmHandle) -> None:
+        """Stop the VM and reap its VMM process; idempotent."""
+        ...
+
+    def is_alive(self, handle: VmHandle) -> bool:
+        """True while the VMM process for `handle` exists."""
+        ...
+
+    def running_vms(self, root: Path) -> dict[Path, int]:
+        """VMM processes of this driver whose workdir lies under `root`, by workdir."""
+        ...
+
+    async def kill_pid(self, pid: int) -> None:
+        """Stop a VMM process known only by pid (a leftover from an earlier server)."""
+        ...
+
+    async def pause(self, handle: VmHandle, snapshot_dir: Path) -> None:
+        """Freeze the guest and write its device state to `snapshot_dir`; the VM stays stopped."""
+        ...
+
+    async def resume(self, handle: VmHandle) -> None:
+        """Let a paused VM run again."""
+        ...
+
+    async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:
+        """Ask the guest to shrink (or grow back) to `target_mb` of RAM."""
+        ...

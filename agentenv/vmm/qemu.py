@@ -1,0 +1,187 @@
+"""QEMU `microvm` driver: one QEMU process per sandbox, controlled over QMP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+from .driver import VmHandle, VmmError, VmSpec
+from .qmp import QmpClient
+
+_QMP_SOCKET = "qmp.sock"
+_STOP_GRACE_S = 2.0
+_TERM_GRACE_S = 5.0
+
+
+def build_command(qemu: str, accel: str, spec: VmSpec) -> list[str]:
+    """The full QEMU command line for `spec` (pure, so it is unit-tested)."""
+    workdir = spec.workdir
+    args = [
+        qemu,
+        "-name", spec.name,
+        "-M", "microvm,acpi=on,memory-backend=ram",
+        "-m", f"{spec.memory_mb}M",
+        "-smp", str(spec.vcpus),
+        # Guest RAM lives in a file so that pause/snapshot never copies it.
+        "-object",
+        f"memory-backend-file,id=ram,size={spec.memory_mb}M,mem-path={workdir / 'memory'},share=on",
+        "-nographic", "-nodefaults", "-no-reboot", "-no-user-config",
+        "-serial", f"file:{workdir / 'console.log'}",
+        "-qmp", f"unix:{workdir / _QMP_SOCKET},server=on,wait=off",
+        "-kernel", str(spec.kernel),
+        "-initrd", str(spec.initrd),
+        "-append", f"console=ttyS0 quiet panic=-1 reboot=t {spec.kernel_args}".strip(),
+        "-device", "virtio-balloon-device,deflate-on-oom=on,free-page-reporting=on",
+    ]  # fmt: skip
+    if accel == "kvm":
+        args += ["-accel", "kvm", "-cpu", "host"]
+    else:
+        # A small translation cache keeps each idle VM's resident memory down.
+        args += ["-accel", "tcg,tb-size=64"]
+    for index, disk in enumerate(spec.disks):
+        readonly = "on" if disk.read_only else "off"
+        args += [
+            "-drive",
+            f"id=disk{index},file={disk.path},format={disk.format},if=none,readonly={readonly}",
+            "-device",
+            f"virtio-blk-device,drive=disk{index}",
+        ]
+    if spec.tap:
+        args += [
+            "-netdev", f"tap,id=net0,ifname={spec.tap},script=no,downscript=no",
+            "-device", f"virtio-net-device,netdev=net0,mac={spec.mac}",
+        ]  # fmt: skip
+    return args
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+class QemuDriver:
+    """Runs QEMU processes that outlive the server; a restarted server re-adopts them."""
+
+    name = "qemu"
+
+    def __init__(self, qemu_binary: str, accel: str) -> None:
+        self.qemu_binary = qemu_binary
+        self.accel = accel
+        self._children: dict[int, asyncio.subprocess.Process] = {}
+
+    async def boot(self, spec: VmSpec) -> VmHandle:
+        spec.workdir.mkdir(parents=True, exist_ok=True)
+        command = build_command(self.qemu_binary, self.accel, spec)
+        if spec.netns:
+            command = ["nsenter", f"--net=/run/netns/{spec.netns}", "--", *command]
+        with open(spec.workdir / "vmm.log", "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                # Own session: the VM survives a server restart or a Ctrl-C to the server.
+                start_new_session=True,
+            )
+        self._children[proc.pid] = proc
+        handle = VmHandle(
+            driver=self.name, pid=proc.pid, workdir=str(spec.workdir), accel=self.accel
+        )
+        try:
+            client = await QmpClient.connect(spec.workdir / _QMP_SOCKET, timeout=10.0)
+            await client.close()
+        except VmmError as exc:
+            log_tail = (spec.workdir / "vmm.log").read_text(errors="replace")[-2000:]
+            await self.stop(handle)
+            raise VmmError(f"QEMU did not start: {exc}; log: {log_tail.strip()}") from exc
+        return handle
+
+    def is_alive(self, handle: VmHandle) -> bool:
+        # The workdir appears in the command line, so a reused pid is never mistaken for ours.
+        return handle.workdir.encode() in _cmdline(handle.pid)
+
+    def running_vms(self, root: Path) -> dict[Path, int]:
+        found: dict[Path, int] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            argv = _cmdline(int(entry.name)).split(b"\0")
+            if not argv or not argv[0].endswith(b"qemu-system-x86_64"):
+                continue
+            for arg in argv:
+                if arg.startswith(b"file:") and arg.endswith(b"/console.log"):
+                    workdir = Path(arg[len(b"file:") : -len(b"/console.log")].decode())
+                    if workdir.parent == root:
+                        found[workdir] = int(entry.name)
+        return found
+
+    async def kill_pid(self, pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    async def _qmp(self, handle: VmHandle, command: str, arguments: dict | None = None) -> object:
+        client = await QmpClient.connect(Path(handle.workdir) / _QMP_SOCKET)
+        try:
+            return await client.execute(command, arguments)
+        finally:
+            await client.close()
+
+    async def stop(self, handle: VmHandle) -> None:
+        if self.is_alive(handle):
+            with contextlib.suppress(VmmError, OSError, TimeoutError):
+                async with asyncio.timeout(_STOP_GRACE_S):
+                    await self._qmp(handle, "quit")
+            for sig, grace in ((signal.SIGTERM, _TERM_GRACE_S), (signal.SIGKILL, 2.0)):
+                if await self._wait_gone(handle, 0.5 if sig == signal.SIGTERM else 0):
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(handle.pid, sig)
+                if await self._wait_gone(handle, grace):
+                    break
+            else:
+                raise VmmError(f"QEMU pid {handle.pid} survived SIGKILL")
+        child = self._children.pop(handle.pid, None)
+        if child is not None:
+            await child.wait()
+
+    async def _wait_gone(self, handle: VmHandle, timeout: float) -> bool:
+        # A zombie has an empty command line, so this is False as soon as QEMU exits.
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.is_alive(handle):
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
+    async def pause(self, handle: VmHandle, snapshot_dir: Path) -> None:
+        snapshot_dir.mkdir(parents=True, exist_ok=True)
+        state = snapshot_dir / "vmstate"
+        client = await QmpClient.connect(Path(handle.workdir) / _QMP_SOCKET)
+        try:
+            await client.execute("stop")
+            # RAM is already in the shared memory file: only device state is written.
+            await client.execute(
+                "migrate-set-capabilities",
+                {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
+            )
+            await client.execute("migrate", {"uri": f"exec:cat > {state}"})
+            while True:
+                status = (await client.execute("query-migrate")).get("status")
+                if status == "completed":
+                    return
+                if status in ("failed", "cancelled"):
+                    raise VmmError(f"saving device state failed: {status}")
+                await asyncio.sleep(0.002)
+        finally:
+            await client.close()
+
+    async def resume(self, handle: VmHandle) -> None:
+        await self._qmp(handle, "cont")
+
+    async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:
+        await self._qmp(handle, "balloon", {"value": target_mb * 1024 * 1024})

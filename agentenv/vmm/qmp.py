@@ -1,0 +1,64 @@
+"""A minimal asyncio client for QEMU's machine protocol (QMP) over a Unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from .driver import VmmError
+
+
+class QmpClient:
+    """One connection: greeting, capabilities negotiation, then commands in order."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    @classmethod
+    async def connect(cls, socket_path: Path, timeout: float = 5.0) -> QmpClient:
+        """Connect, retrying until QEMU has created the socket or `timeout` passes."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(str(socket_path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise VmmError(f"QMP socket {socket_path} not ready: {exc}") from exc
+                await asyncio.sleep(0.01)
+        client = cls(reader, writer)
+        async with asyncio.timeout(timeout):
+            await client._read_message()  # greeting
+            await client.execute("qmp_capabilities")
+        return client
+
+    async def _read_message(self) -> dict[str, Any]:
+        line = await self._reader.readline()
+        if not line:
+            raise VmmError("QMP connection closed")
+        return json.loads(line)
+
+    async def execute(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
+        """Run one command and return its result; QMP errors raise VmmError."""
+        message: dict[str, Any] = {"execute": command}
+        if arguments:
+            message["arguments"] = arguments
+        self._writer.write(json.dumps(message).encode() + b"\n")
+        await self._writer.drain()
+        while True:
+            reply = await self._read_message()
+            if "event" in reply:
+                continue
+            if "error" in reply:
+                raise VmmError(f"QMP {command}: {reply['error'].get('desc', reply['error'])}")
+            return reply.get("return")
+
+    async def close(self) -> None:
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except (ConnectionError, BrokenPipeError):
+            pass
