@@ -12,6 +12,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from ..control.store import SandboxRecord
 from ..errors import InvalidInput
+from ..guest.agent import ENVD_VERSION
 from ..runtime.lifecycle import PUBLIC_STATE, State
 from ..runtime.manager import CreateRequest, SandboxManager
 from .models import (
@@ -24,7 +25,6 @@ from .models import (
     TimeoutBody,
 )
 
-ENVD_VERSION = "0.5.7"
 CLIENT_ID = "aenv"
 
 router = APIRouter()

@@ -108,12 +108,13 @@ class ApiClient(_Base):
 
     def create_sandbox(self, body: dict[str, Any]) -> dict[str, Any]:
         """`POST /sandboxes` (falls back to `/v2/sandboxes` if the route is missing)."""
+        timeout = httpx.Timeout(600.0, connect=5.0)  # boots a VM; slow under TCG
         try:
-            return self._call("POST", "/sandboxes", json=body).json()
+            return self._call("POST", "/sandboxes", json=body, timeout=timeout).json()
         except ApiError as exc:
             if exc.status not in (404, 405) or exc.has_code:
                 raise
-        return self._call("POST", "/v2/sandboxes", json=body).json()
+        return self._call("POST", "/v2/sandboxes", json=body, timeout=timeout).json()
 
     def list_sandboxes(
         self, states: list[str] | None = None, metadata: dict[str, str] | None = None
@@ -149,6 +150,11 @@ class ApiClient(_Base):
         self._call(
             "POST", f"/sandboxes/{quote(sandbox_id, safe='')}/timeout", json={"timeout": seconds}
         )
+
+    def refresh(self, sandbox_id: str, duration: int) -> None:
+        """Keep-alive: extend the expiry to at least now + `duration` (never shortens)."""
+        path = f"/sandboxes/{quote(sandbox_id, safe='')}/refreshes"
+        self._call("POST", path, json={"duration": duration})
 
     def health(self) -> httpx.Response:
         """`GET /health` without raising on error statuses."""

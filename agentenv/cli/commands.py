@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import os
 import sys
 from collections.abc import Callable
 from typing import BinaryIO
 
-from agentenv.cli.client import ApiError, EnvdClient
+import httpx
+
+from agentenv.cli.client import ApiError, EnvdClient, ServerUnreachable
 from agentenv.cli.connect import ConnectError
 from agentenv.cli.context import CliError, Context
 from agentenv.cli.credentials import Credentials, credentials_path, read_file, save_credentials
@@ -18,6 +21,7 @@ from agentenv.cli.process import ProcessResult, ProcessStream, bash_args
 from agentenv.cli.terminal import attach_shell
 
 STATES = ("running", "paused")
+KEEPALIVE_SECONDS = 300  # an attached shell keeps its sandbox alive at least this long
 
 
 def parse_pairs(items: list[str] | None, flag: str) -> dict[str, str]:
@@ -59,9 +63,9 @@ def cmd_auth(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-def _require_tty(what: str) -> None:
+def _require_tty(hint: str) -> None:
     if not os.isatty(0):
-        raise CliError(f"{what} needs a terminal: stdin is not a TTY (use `aenv exec` instead)")
+        raise CliError(f"an interactive shell needs a terminal, but stdin is not a TTY; {hint}")
 
 
 def _shell(ctx: Context, envd: EnvdClient, wait: bool) -> int:
@@ -70,7 +74,12 @@ def _shell(ctx: Context, envd: EnvdClient, wait: bool) -> int:
             envd.wait_ready()
         except ApiError as exc:
             ctx.warn(f"warning: {exc.message}; trying anyway")
-    result = attach_shell(envd)
+
+    def keepalive() -> None:
+        with ctx.api() as api:
+            api.refresh(envd.sandbox_id, KEEPALIVE_SECONDS)
+
+    result = attach_shell(envd, keepalive=keepalive)
     if result is None:
         raise CliError("shell ended without an end event")
     if result.signalled:
@@ -81,7 +90,7 @@ def _shell(ctx: Context, envd: EnvdClient, wait: bool) -> int:
 def cmd_start(ctx: Context, args: argparse.Namespace) -> int:
     """Create a sandbox; print its id (`--detach`) or attach a shell."""
     if not args.detach:
-        _require_tty("an interactive shell (omit it with --detach)")
+        _require_tty("use --detach, then `aenv exec ID -- CMD`")
     body: dict[str, object] = {
         "templateID": args.template,
         "envVars": parse_pairs(args.env, "--env"),
@@ -110,7 +119,7 @@ def cmd_start(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_cn(ctx: Context, args: argparse.Namespace) -> int:
     """Attach an interactive shell to a running sandbox."""
-    _require_tty("`aenv cn`")
+    _require_tty("use `aenv exec ID -- CMD` instead")
     with ctx.envd(args.id) as envd:
         return _shell(ctx, envd, wait=False)
 
@@ -148,10 +157,8 @@ def cmd_exec(ctx: Context, args: argparse.Namespace) -> int:
             messages.close()
             if stream.pid:
                 kill = {"process": {"pid": stream.pid}, "signal": "SIGNAL_SIGKILL"}
-                try:
+                with contextlib.suppress(ConnectError, ServerUnreachable, httpx.HTTPError):
                     envd.unary("process.Process/SendSignal", kill, timeout=5.0)
-                except ConnectError:
-                    pass
             return 130
     if result is None:
         raise CliError("command ended without an end event")

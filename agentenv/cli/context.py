@@ -8,11 +8,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import BinaryIO, TextIO
+from urllib.parse import urlsplit
 
 import httpx
 
 from agentenv.cli.client import ApiClient, EnvdClient
 from agentenv.cli.credentials import Credentials, load_credentials
+from agentenv.config import load_config
 
 
 class CliError(Exception):
@@ -22,6 +24,18 @@ class CliError(Exception):
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
+
+
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def local_server_key(env: Mapping[str, str]) -> str:
+    """The key a server on this host generated (`<home>/secrets/api-key`), if readable."""
+    try:
+        home = load_config(env=dict(env)).home
+        return (home / "secrets" / "api-key").read_text().strip()
+    except (OSError, ValueError):
+        return ""
 
 
 def _stdout_bin() -> BinaryIO:
@@ -46,9 +60,12 @@ class Context:
     @cached_property
     def creds(self) -> Credentials:
         try:
-            return load_credentials(self.env)
+            creds = load_credentials(self.env)
         except ValueError as exc:
             raise CliError(str(exc)) from exc
+        if not creds.key and urlsplit(creds.url).hostname in _LOCAL_HOSTS:
+            creds = Credentials(creds.url, local_server_key(self.env))
+        return creds
 
     def api(self) -> ApiClient:
         return ApiClient(self.creds.url, self.creds.key, transport=self.transport)

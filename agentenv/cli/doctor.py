@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from agentenv.cli.client import ApiClient, ServerUnreachable
-from agentenv.cli.context import Context
+from agentenv.cli.context import CliError, Context
 from agentenv.cli.host import load_cfg
 from agentenv.config import Config
 
@@ -152,7 +152,9 @@ def check_base(cfg: Config) -> Check:
         return Check(
             "base template", False, problem or f"not built in {cfg.images_dir}", "aenv kit build"
         )
-    return Check("base template", True, str(cfg.images_dir))
+    version = getattr(base, "version", "")
+    where = str(getattr(base, "rootfs", cfg.images_dir))
+    return Check("base template", True, f"{where} (version {version})" if version else where)
 
 
 def check_accel(cfg: Config, kit: Any) -> Check:
@@ -176,10 +178,14 @@ def check_accel(cfg: Config, kit: Any) -> Check:
 
 
 def check_server(ctx: Context) -> Check:
-    url = ctx.creds.url
     hint = "start it with `aenv server` (or make run)"
     try:
-        with ApiClient(url, ctx.creds.key, transport=ctx.transport) as api:
+        creds = ctx.creds
+    except CliError as exc:
+        return Check("server", False, exc.message, "fix or re-run `aenv auth`", required=False)
+    url = creds.url
+    try:
+        with ApiClient(url, creds.key, transport=ctx.transport) as api:
             resp = api.health()
     except (ServerUnreachable, httpx.HTTPError):
         return Check("server", False, f"{url} not reachable", hint, required=False)

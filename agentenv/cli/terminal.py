@@ -9,8 +9,9 @@ import select
 import signal
 import termios
 import threading
+import time
 import tty
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -22,6 +23,7 @@ from agentenv.cli.process import ProcessResult, ProcessStream
 
 _BATCH_BYTES = 64 * 1024
 _BATCH_WAIT = 0.005  # seconds to wait for more keystrokes before sending a batch
+KEEPALIVE_INTERVAL = 60.0
 
 
 def terminal_size(fd: int) -> dict[str, int]:
@@ -55,28 +57,39 @@ def pty_start_request(size: dict[str, int], term: str) -> dict[str, Any]:
 class InputPump(threading.Thread):
     """Forward keystrokes (batched) with `SendInput` and window changes with `Update`."""
 
-    def __init__(self, envd: EnvdClient, pid: int, stdin_fd: int, wake_fd: int) -> None:
+    def __init__(
+        self,
+        envd: EnvdClient,
+        pid: int,
+        stdin_fd: int,
+        wake_fd: int,
+        keepalive: Callable[[], None] | None = None,
+        activity: threading.Event | None = None,
+    ) -> None:
         super().__init__(name="aenv-input", daemon=True)
         self._envd = envd
+        self._keepalive = keepalive
+        self._activity = activity or threading.Event()
+        self._last_keepalive = time.monotonic()
         self._pid = pid
         self._stdin_fd = stdin_fd
         self._wake_fd = wake_fd
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
     def run(self) -> None:
         with contextlib.suppress(OSError):  # fds closed under us at teardown
             self._loop()
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             ready, _, _ = select.select([self._stdin_fd, self._wake_fd], [], [], 0.5)
             if self._wake_fd in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_fd, 512)
-                if not self._stop.is_set():
+                if not self._stopping.is_set():
                     self._call(
                         "process.Process/Update", {"pty": {"size": terminal_size(self._stdin_fd)}}
                     )
@@ -84,9 +97,20 @@ class InputPump(threading.Thread):
                 data = self._read_batch()
                 if not data:
                     return  # terminal closed
-                self._call(
-                    "process.Process/SendInput", {"input": {"pty": base64.b64encode(data).decode()}}
-                )
+                self._activity.set()
+                pty_input = {"pty": base64.b64encode(data).decode()}
+                self._call("process.Process/SendInput", {"input": pty_input})
+            self._maybe_keepalive()
+
+    def _maybe_keepalive(self) -> None:
+        """While the session is in use, keep the sandbox from expiring under it."""
+        if self._keepalive is None or time.monotonic() - self._last_keepalive < KEEPALIVE_INTERVAL:
+            return
+        self._last_keepalive = time.monotonic()
+        if self._activity.is_set():
+            self._activity.clear()
+            with contextlib.suppress(Exception):  # best effort; the server may not support it
+                self._keepalive()
 
     def _read_batch(self) -> bytes:
         data = os.read(self._stdin_fd, 4096)
@@ -104,7 +128,7 @@ class InputPump(threading.Thread):
         try:
             self._envd.unary(method, {"process": {"pid": self._pid}, **body})
         except ServerUnreachable:
-            self._stop.set()
+            self._stopping.set()
         except (ConnectError, httpx.HTTPError):
             pass  # the process may be gone; the output stream reports how it ended
 
@@ -117,9 +141,16 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def attach_shell(
-    envd: EnvdClient, *, stdin_fd: int = 0, stdout_fd: int = 1, term: str | None = None
+    envd: EnvdClient,
+    *,
+    stdin_fd: int = 0,
+    stdout_fd: int = 1,
+    term: str | None = None,
+    keepalive: Callable[[], None] | None = None,
 ) -> ProcessResult | None:
-    """Run `bash -i -l` on a remote PTY wired to this terminal until the shell exits."""
+    """Run `bash -i -l` on a remote PTY wired to this terminal until the shell exits.
+
+    `keepalive` is called (from another thread) about once a minute while there is I/O."""
     if not os.isatty(stdin_fd):
         raise CliError(
             "an interactive shell needs a terminal (stdin is not a TTY); use `aenv exec`"
@@ -131,9 +162,14 @@ def attach_shell(
     os.set_blocking(wake_w, False)
     input_client = envd.clone()
     pumps: list[InputPump] = []
+    activity = threading.Event()
+
+    def on_output(data: bytes) -> None:
+        activity.set()
+        _write_all(stdout_fd, data)
 
     def on_start(pid: int) -> None:
-        pump = InputPump(input_client, pid, stdin_fd, wake_r)
+        pump = InputPump(input_client, pid, stdin_fd, wake_r, keepalive, activity)
         pumps.append(pump)
         pump.start()
 
@@ -144,7 +180,7 @@ def attach_shell(
     previous = signal.signal(signal.SIGWINCH, on_winch)
     try:
         with raw_mode(stdin_fd):
-            stream = ProcessStream(pty=lambda data: _write_all(stdout_fd, data), on_start=on_start)
+            stream = ProcessStream(pty=on_output, on_start=on_start)
             return stream.run(envd.stream("process.Process/Start", body, timeout=None))
     finally:
         signal.signal(signal.SIGWINCH, previous)

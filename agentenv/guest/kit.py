@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -151,7 +151,7 @@ def build_kit(cfg: Config, *, force: bool = False, progress: Progress = print) -
             version = kit_version(cfg, agent_src=agent)
             out = work / "out"
             out.mkdir()
-            manifest = _build_into(cfg, work, out, agent, progress)
+            manifest = _build_into(cfg, work, out, agent, progress, force=force)
             manifest.update(version=version, inputs=kit_inputs(cfg), built_at=time.time())
             (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
             final = cfg.kit_dir / version
@@ -177,27 +177,94 @@ def _copy_agent(src: Path, dest: Path) -> None:
 
 
 def _build_into(
-    cfg: Config, work: Path, out: Path, agent: Path, progress: Progress
+    cfg: Config, work: Path, out: Path, agent: Path, progress: Progress, *, force: bool
 ) -> dict[str, object]:
-    kernel = fetch_kernel(cfg, work, work / "kernel", progress)
-    os.replace(kernel.vmlinuz, out / KERNEL_NAME)
-    build_initramfs(work / "initramfs", out / INITRD_NAME, kernel.modules, progress)
+    inputs = kit_inputs(cfg)
+    kernel_key = _key(inputs, "format", "mirror", "suite", "kernel_package", "modules")
+    kdir = _cached_stage(cfg, "kernel", kernel_key, force, progress, _kernel_stage(cfg, progress))
+    info = json.loads((kdir / "kernel.json").read_text())
+    shutil.copyfile(kdir / KERNEL_NAME, out / KERNEL_NAME)
+    modules = [kdir / f"{name}.ko" for name in info["modules"]]
+    build_initramfs(work / "initramfs", out / INITRD_NAME, modules, progress)
+
+    rt_key = _key(inputs, "format", "mirror", "suite", "runtime_packages")
+    rdir = _cached_stage(cfg, "runtime", rt_key, force, progress, _runtime_stage(cfg, progress))
     tree = work / "runtime"
-    debootstrap(tree, RUNTIME_PACKAGES, cfg, progress)
     with step(progress, "installing agent into runtime tree"):
-        prepare_runtime_tree(tree, agent)
+        run("copy runtime tree", ["cp", "-a", rdir / "tree", tree])
+        install_agent(tree, agent)
     size = pack_ext4(tree, out / RUNTIME_NAME, None, RUNTIME_LABEL, progress, journal=False)
     return {
-        "kernel_release": kernel.release,
-        "kernel_image_package": kernel.package,
-        "modules": [m.stem for m in kernel.modules],
+        "kernel_release": info["release"],
+        "kernel_image_package": info["package"],
+        "modules": info["modules"],
         "runtime_size_mb": size,
         "files": {"kernel": KERNEL_NAME, "initrd": INITRD_NAME, "runtime_disk": RUNTIME_NAME},
     }
 
 
-def prepare_runtime_tree(tree: Path, agent_src: Path) -> None:
-    """Copy in and byte-compile the agent, add mountpoints, drop what never runs."""
+def _key(inputs: dict[str, object], *names: str) -> str:
+    blob = json.dumps({n: inputs[n] for n in names}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _cached_stage(
+    cfg: Config,
+    name: str,
+    key: str,
+    force: bool,
+    progress: Progress,
+    build: Callable[[Path], None],
+) -> Path:
+    """A build stage's output under kit_dir/cache, rebuilt only when its own inputs change.
+
+    Editing the agent then repacks the runtime disk without a new debootstrap.
+    """
+    cache = cfg.kit_dir / "cache"
+    final = cache / f"{name}-{key}"
+    if (final / ".complete").exists() and not force:
+        progress(f"{name} stage {key}: cached")
+        return final
+    tmp = cache / f".{name}-{key}.tmp"
+    remove_tree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        build(tmp)
+        (tmp / ".complete").touch()
+        remove_tree(final)
+        os.rename(tmp, final)
+    finally:
+        remove_tree(tmp)
+    for old in cache.glob(f"{name}-*"):
+        if old != final:
+            remove_tree(old)
+    return final
+
+
+def _kernel_stage(cfg: Config, progress: Progress) -> Callable[[Path], None]:
+    def build(dest: Path) -> None:
+        kernel = fetch_kernel(cfg, dest / "work", dest, progress)
+        remove_tree(dest / "work")
+        modules = [m.stem for m in kernel.modules]
+        info = {"release": kernel.release, "package": kernel.package, "modules": modules}
+        (dest / "kernel.json").write_text(json.dumps(info, indent=2) + "\n")
+        if kernel.vmlinuz != dest / KERNEL_NAME:
+            os.replace(kernel.vmlinuz, dest / KERNEL_NAME)
+
+    return build
+
+
+def _runtime_stage(cfg: Config, progress: Progress) -> Callable[[Path], None]:
+    def build(dest: Path) -> None:
+        tree = dest / "tree"
+        debootstrap(tree, RUNTIME_PACKAGES, cfg, progress)
+        strip_runtime_tree(tree)
+
+    return build
+
+
+def strip_runtime_tree(tree: Path) -> None:
+    """Add mountpoints and drop what never runs on the read-only runtime disk."""
     clean_tree(tree, docs=True, locales=True)
     shutil.rmtree(tree / "debootstrap", ignore_errors=True)
     for sub in RUNTIME_MOUNTPOINTS:
@@ -210,9 +277,12 @@ def prepare_runtime_tree(tree: Path, agent_src: Path) -> None:
                 else:
                     child.unlink()
         path.mkdir(exist_ok=True)
+
+
+def install_agent(tree: Path, agent_src: Path) -> None:
+    """Copy the agent into /opt/aenv and byte-compile it with the guest's interpreter."""
     _copy_agent(agent_src, tree / "opt/aenv/aenv_agent")
-    # Compiled by the guest's own interpreter; unchecked-hash pycs never stat their source,
-    # which suits a read-only disk.
+    # unchecked-hash pycs never stat their source, which suits a read-only disk.
     run(
         "byte-compile agent",
         ["chroot", tree, "/usr/bin/python3", "-m", "compileall", "-q", "--invalidation-mode",

@@ -127,19 +127,26 @@ async def create_network(plan: NetworkPlan, allow_internet: bool) -> None:
     """Create namespace, veth pair, tap and NAT rules; on failure nothing is left behind."""
     await _run("ip", "netns", "add", plan.netns)
     try:
-        batch = "\n".join([
-            f"link add {plan.host_veth} type veth peer name {plan.ns_veth} netns {plan.netns}",
-            f"addr add {plan.host_ip}/30 dev {plan.host_veth}",
-            f"link set {plan.host_veth} up",
-            f"-n {plan.netns} link set lo up",
-            f"-n {plan.netns} addr add {plan.ns_ip}/30 dev {plan.ns_veth}",
-            f"-n {plan.netns} link set {plan.ns_veth} up",
-            f"-n {plan.netns} route add default via {plan.host_ip}",
-            f"-n {plan.netns} tuntap add {TAP_NAME} mode tap",
-            f"-n {plan.netns} addr add {plan.guest_gateway}/{plan.guest_prefix} dev {TAP_NAME}",
-            f"-n {plan.netns} link set {TAP_NAME} up",
-        ])  # fmt: skip
-        await _run("ip", "-batch", "-", stdin=batch.encode())
+        host_side = "\n".join(
+            [
+                f"link add {plan.host_veth} type veth peer name {plan.ns_veth} netns {plan.netns}",
+                f"addr add {plan.host_ip}/30 dev {plan.host_veth}",
+                f"link set {plan.host_veth} up",
+            ]
+        )
+        ns_side = "\n".join(
+            [
+                "link set lo up",
+                f"addr add {plan.ns_ip}/30 dev {plan.ns_veth}",
+                f"link set {plan.ns_veth} up",
+                f"route add default via {plan.host_ip}",
+                f"tuntap add {TAP_NAME} mode tap",
+                f"addr add {plan.guest_gateway}/{plan.guest_prefix} dev {TAP_NAME}",
+                f"link set {TAP_NAME} up",
+            ]
+        )
+        await _run("ip", "-batch", "-", stdin=host_side.encode())
+        await _run("ip", "-n", plan.netns, "-batch", "-", stdin=ns_side.encode())
         nsenter = ("nsenter", f"--net={_NETNS_DIR / plan.netns}", "--")
         await _run(*nsenter, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         await _run(
@@ -155,7 +162,12 @@ async def destroy_network(netns: str, host_veth: str | None = None) -> None:
     if (_NETNS_DIR / netns).exists():
         await _run("ip", "netns", "del", netns)
     if host_veth and Path(f"/sys/class/net/{host_veth}").exists():
-        await _run("ip", "link", "del", host_veth)
+        try:
+            await _run("ip", "link", "del", host_veth)
+        except NetworkError:
+            # Deleting the namespace removes the pair asynchronously; gone is what we want.
+            if Path(f"/sys/class/net/{host_veth}").exists():
+                raise
 
 
 def list_namespaces(name_prefix: str) -> list[str]:

@@ -7,5 +7,7 @@ modules, because this directory is copied alone into the runtime disk as ``aenv_
 from __future__ import annotations
 
 __version__ = "0.1.0"
-# What /health-checking clients and the SDK compare against (envd feature gates).
-ENVD_VERSION = "0.6.2"
+# The envd version whose wire behaviour this agent matches; the control plane should report
+# it as the sandbox's envdVersion (the SDK gates features such as octet-stream uploads on it).
+# 0.6.2 would promise X-Metadata-* file metadata, which the agent does not implement yet.
+ENVD_VERSION = "0.5.7"

@@ -193,6 +193,9 @@ def unary(fn: UnaryHandler) -> Callable[[web.Request], Awaitable[web.StreamRespo
         except ConnectError as err:
             log_error(request, err)
             return error_response(err)
+        except Exception as err:
+            log.exception("%s %s: unexpected error", request.method, request.path)
+            return error_response(ConnectError("internal", f"{type(err).__name__}: {err}"))
 
     return handler
 
@@ -222,6 +225,9 @@ def server_streaming(fn: StreamHandler) -> Callable[[web.Request], Awaitable[web
             error = err
         except ConnectionResetError:
             return stream.response  # the client went away; nothing left to tell it
+        except Exception as err:
+            log.exception("%s %s: unexpected error", request.method, request.path)
+            error = ConnectError("internal", f"{type(err).__name__}: {err}")
         try:
             await stream.close(error)
         except ConnectionResetError:

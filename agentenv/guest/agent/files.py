@@ -7,6 +7,7 @@ Errors are JSON ``{"code": <http status>, "message": ...}`` as envd sends them.
 from __future__ import annotations
 
 import asyncio
+import email.message
 import errno
 import os
 from typing import Any, BinaryIO
@@ -145,6 +146,13 @@ class _Sink:
         return {"name": os.path.basename(self.guest), "type": "file", "path": self.guest}
 
 
+def _part_filename(disposition: str) -> str | None:
+    """The part's filename, verbatim: aiohttp strips its leading "/", but it is a full path."""
+    header = email.message.Message()
+    header["Content-Disposition"] = disposition
+    return header.get_filename()
+
+
 async def upload(request: web.Request) -> web.StreamResponse:
     state = get_state(request)
     try:
@@ -157,7 +165,7 @@ async def upload(request: web.Request) -> web.StreamResponse:
             while (part := await reader.next()) is not None:
                 if not hasattr(part, "read_chunk") or part.name != "file":
                     continue  # nested multipart or an unrelated form field
-                target = path or part.filename
+                target = path or _part_filename(part.headers.get("Content-Disposition", ""))
                 if not target:
                     raise FilesError(400, "a file part needs a filename or the path parameter")
                 sink = _Sink(state, user, target)

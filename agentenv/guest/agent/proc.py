@@ -51,7 +51,7 @@ SIGNAL_NAMES = {
 OVERFLOW = object()  # queued to a subscriber that was dropped for being too slow
 
 
-@dataclass
+@dataclass(eq=False)  # identity hashing: subscribers live in a set
 class Subscriber:
     """One reader of a process's events (a Start or Connect stream)."""
 

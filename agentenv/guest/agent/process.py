@@ -71,10 +71,11 @@ def _spec(state: AgentState, request: web.Request, msg: Message) -> tuple[SpawnS
         | state.env_vars
         | {str(k): str(v) for k, v in (config.get("envs") or {}).items()}
     )
-    cwd_raw = config.get("cwd") or state.default_workdir or ""
-    cwd = state.rootfs.guest_path(cwd_raw, user)
+    cwd = state.rootfs.guest_path(config.get("cwd") or state.default_workdir or "", user)
     if not os.path.isdir(state.rootfs.host(cwd)):
-        raise ConnectError("invalid_argument", f"cwd {cwd!r} does not exist or is not a directory")
+        if config.get("cwd"):
+            raise ConnectError("invalid_argument", f"cwd {cwd!r} does not exist or is not a dir")
+        cwd = "/"  # a default that is missing (e.g. nobody's /nonexistent home) is not an error
     pty = msg.get("pty")
     spec = SpawnSpec(
         cmd=str(cmd),

@@ -41,7 +41,11 @@ class RootFS:
     def host(self, guest: str, *, follow: bool = True) -> str:
         """The host path of an absolute guest path; ``follow`` resolves a final symlink too."""
         if self.is_host_root:
-            return posixpath.normpath(guest) if guest else "/"
+            guest = posixpath.normpath(guest or "/")
+            if follow:
+                return os.path.realpath(guest)
+            head, tail = posixpath.split(guest)
+            return posixpath.join(os.path.realpath(head), tail)
         todo = [c for c in guest.split("/") if c]
         todo.reverse()
         done: list[str] = []

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from . import files, filesystem, process
 from .connect import ConnectError, error_response, json_response, log_error
-from .state import STATE_KEY, AgentState, get_state
+from .state import STATE_KEY, AgentState, app_key, get_state
 
 log = logging.getLogger("aenv_agent")
 
@@ -105,7 +105,7 @@ def _meminfo() -> tuple[int, int]:
     return total, total - values.get("MemAvailable", values.get("MemFree", 0))
 
 
-CPU_KEY = "aenv_cpu"
+CPU_KEY = app_key("aenv_cpu", CpuSampler)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -128,10 +128,6 @@ async def metrics(request: web.Request) -> web.Response:
 
 def create_app(rootfs: str) -> web.Application:
     """Build the application serving the user's root filesystem at ``rootfs``."""
-    from .state import app_key
-
-    global CPU_KEY
-    CPU_KEY = app_key("aenv_cpu", CpuSampler)
     # client_max_size only bounds request.read()/post(); /files streams and is unaffected.
     app = web.Application(middlewares=[auth_middleware], client_max_size=64 * 1024 * 1024)
     app[STATE_KEY] = AgentState.create(rootfs)

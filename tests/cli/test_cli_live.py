@@ -1,0 +1,112 @@
+"""`aenv` as a subprocess against a live server (set AENV_TEST_URL and AENV_TEST_KEY)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+URL = os.environ.get("AENV_TEST_URL", "")
+KEY = os.environ.get("AENV_TEST_KEY", "")
+TEMPLATE = os.environ.get("AENV_TEST_TEMPLATE", "base")
+
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.skipif(not (URL and KEY), reason="AENV_TEST_URL / AENV_TEST_KEY not set"),
+]
+
+
+def aenv(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    script = Path(sys.executable).with_name("aenv")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "agentenv.cli.main"]
+    env = {**os.environ, "AENV_API_URL": URL, "AENV_API_KEY": KEY}
+    proc = subprocess.run(
+        [*cmd, *args], capture_output=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"aenv {' '.join(args)} → {proc.returncode}: {proc.stderr.decode()}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def tag() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="module")
+def sandbox(tag: str) -> Iterator[str]:
+    proc = aenv("start", TEMPLATE, "--detach", "--timeout", "600", "--metadata", f"clitest={tag}")
+    sandbox_id = proc.stdout.decode().strip()
+    assert sandbox_id and "\n" not in sandbox_id
+    try:
+        yield sandbox_id
+    finally:
+        aenv("rm", sandbox_id, check=False)
+
+
+def test_exec_stdout_stderr_exit_code(sandbox: str) -> None:
+    proc = aenv("exec", sandbox, "--", "echo out; echo err >&2; exit 7", check=False)
+    assert proc.returncode == 7
+    assert proc.stdout == b"out\n"
+    assert proc.stderr == b"err\n"
+
+
+def test_exec_args_env_cwd(sandbox: str) -> None:
+    proc = aenv("exec", sandbox, "--cwd", "/tmp", "--env", "GREETING=hi there", "--",
+                "sh", "-c", 'printf "%s|%s" "$GREETING" "$(pwd)"')  # fmt: skip
+    assert proc.stdout == b"hi there|/tmp"
+
+
+def test_exec_binary_output(sandbox: str) -> None:
+    proc = aenv("exec", sandbox, "--", "head -c 100000 /dev/zero")
+    assert proc.stdout == b"\0" * 100000
+
+
+def test_ls_json_with_metadata_filter(sandbox: str, tag: str) -> None:
+    proc = aenv("ls", "--output", "json", "--metadata", f"clitest={tag}")
+    items = json.loads(proc.stdout)
+    assert [s["sandboxID"] for s in items] == [sandbox]
+    assert items[0]["state"] == "running"
+    piped = json.loads(aenv("ls").stdout)  # JSON by default when not a TTY
+    assert sandbox in {s["sandboxID"] for s in piped}
+
+
+def test_timeout_changes_end(sandbox: str) -> None:
+    def end_at() -> datetime:
+        info = json.loads(aenv("info", sandbox).stdout)
+        return datetime.fromisoformat(info["endAt"].replace("Z", "+00:00"))
+
+    aenv("timeout", sandbox, "900")
+    later = end_at()
+    aenv("timeout", sandbox, "600")
+    assert (later - end_at()).total_seconds() > 200
+
+
+def test_upload_download_round_trip(sandbox: str, tmp_path: Path) -> None:
+    src = tmp_path / "data.bin"
+    src.write_bytes(os.urandom(300_000))
+    aenv("upload", sandbox, str(src), "/tmp/aenv-cli-live.bin")
+    proc = aenv("exec", sandbox, "--", "wc -c < /tmp/aenv-cli-live.bin")
+    assert proc.stdout.strip() == b"300000"
+    dest = tmp_path / "back.bin"
+    aenv("download", sandbox, "/tmp/aenv-cli-live.bin", str(dest))
+    assert dest.read_bytes() == src.read_bytes()
+
+
+def test_rm_then_missing(tag: str) -> None:
+    meta = f"clitest={tag}-rm"
+    proc = aenv("start", TEMPLATE, "--detach", "--timeout", "120", "--metadata", meta)
+    sandbox_id = proc.stdout.decode().strip()
+    assert aenv("rm", sandbox_id).stdout.decode().split() == [sandbox_id]
+    gone = aenv("info", sandbox_id, check=False)
+    assert gone.returncode == 1
+    assert gone.stderr.startswith(b"error: ")
+    again = aenv("rm", sandbox_id, check=False)
+    assert again.returncode == 1

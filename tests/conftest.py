@@ -1,0 +1,42 @@
+"""Shared fixtures: the guest kit (built once per machine) and a live server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentenv.config import load_config
+
+from .live import LiveServer
+
+
+@pytest.fixture(scope="session")
+def kit_ready() -> None:
+    """Build (or find cached) the kit and the base template the servers boot from."""
+    from agentenv.guest.kit import build_kit
+    from agentenv.images.base import build_base_template
+
+    cfg = load_config()
+    build_kit(cfg)
+    build_base_template(cfg)
+
+
+@pytest.fixture(scope="session")
+def server(kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    live = LiveServer(tmp_path_factory.mktemp("aenv-home"))
+    live.start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+@pytest.fixture
+def fresh_server(kit_ready: None, tmp_path: Path) -> Iterator[LiveServer]:
+    """A server of one's own, for tests that restart it or change its configuration."""
+    live = LiveServer(tmp_path / "home")
+    live.home.mkdir()
+    yield live
+    live.stop()

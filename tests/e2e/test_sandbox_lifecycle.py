@@ -1,0 +1,241 @@
+"""Real microVM sandboxes through the real server: create, exec, files, expiry, restart, leaks."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from agentenv.cli.client import EnvdClient
+
+from ..live import TEST_KEY, HostResources, LiveServer, wait_for
+
+pytestmark = pytest.mark.vm
+
+
+def run(
+    server: LiveServer,
+    sandbox: dict[str, Any],
+    cmd: str,
+    *,
+    user: str | None = None,
+    envs: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> tuple[str, str, int]:
+    """Run `cmd` through the proxy with `process.Process/Start`, as the E2B SDK does."""
+    envd = EnvdClient(server.url, sandbox["sandboxID"], sandbox.get("envdAccessToken"), user=user)
+    process: dict[str, Any] = {"cmd": "/bin/bash", "args": ["-l", "-c", cmd]}
+    if envs:
+        process["envs"] = envs
+    if cwd:
+        process["cwd"] = cwd
+    out, err, code = b"", b"", None
+    with envd:
+        for message in envd.stream("process.Process/Start", {"process": process, "stdin": False}):
+            event = message.get("event", {})
+            data = event.get("data", {})
+            out += base64.b64decode(data.get("stdout", ""))
+            err += base64.b64decode(data.get("stderr", ""))
+            if "end" in event:
+                code = event["end"].get("exitCode", 0)
+    assert code is not None, "no end event"
+    return out.decode(), err.decode(), code
+
+
+def create(server: LiveServer, **body: Any) -> dict[str, Any]:
+    with server.client() as api:
+        response = api.post("/v2/sandboxes", json={"templateID": "base", **body})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def kill(server: LiveServer, sandbox_id: str) -> None:
+    with server.client() as api:
+        assert api.delete(f"/sandboxes/{sandbox_id}").status_code == 204
+
+
+def test_create_exec_files_delete(server: LiveServer) -> None:
+    before = HostResources.measure(server.home)
+    sandbox = create(server, envVars={"GREETING": "hello"}, metadata={"suite": "core"})
+    sid = sandbox["sandboxID"]
+    assert sandbox["templateID"] == "base"
+    assert sandbox["envdVersion"]
+
+    out, err, code = run(server, sandbox, "echo out; echo err >&2; exit 3")
+    assert (out, err, code) == ("out\n", "err\n", 3)
+    out, _, code = run(server, sandbox, "uname -s; whoami; pwd")
+    assert (out, code) == ("Linux\nuser\n/home/user\n", 0)
+    out, _, _ = run(server, sandbox, "echo $GREETING $EXTRA", envs={"EXTRA": "world"})
+    assert out == "hello world\n"
+    out, _, _ = run(server, sandbox, "whoami; pwd", user="root", cwd="/tmp")
+    assert out == "root\n/tmp\n"
+
+    envd = EnvdClient(server.url, sid, sandbox.get("envdAccessToken"))
+    with envd:
+        written = envd._http.post(
+            "/files", params={"path": "notes/a.txt"}, files={"file": ("a.txt", b"data\x00\xff")}
+        )
+        assert written.status_code == 200, written.text
+        assert written.json()[0]["path"] == "/home/user/notes/a.txt"
+        read = envd._http.get("/files", params={"path": "/home/user/notes/a.txt"})
+        assert read.status_code == 200
+        assert read.content == b"data\x00\xff"
+    out, _, _ = run(server, sandbox, "stat -c %U notes/a.txt; sha256sum < notes/a.txt")
+    assert out.startswith("user\n")
+
+    with server.client() as api:
+        listed = api.get("/v2/sandboxes", params={"metadata": "suite=core"}).json()
+        assert [s["sandboxID"] for s in listed] == [sid]
+        assert listed[0]["state"] == "running"
+        info = api.get(f"/sandboxes/{sid}").json()
+        assert info["metadata"] == {"suite": "core"}
+    kill(server, sid)
+    with server.client() as api:
+        assert api.get(f"/sandboxes/{sid}").status_code == 404
+        gone = api.delete(f"/sandboxes/{sid}")
+        assert gone.status_code == 404
+        assert gone.json()["code"] == 404
+        proxied = EnvdClient(server.url, sid)._http.get("/health")
+        assert proxied.status_code == 502
+        assert "was not found" in proxied.json()["message"]
+    assert HostResources.measure(server.home) == before
+
+
+def test_timeout_expiry_kills(server: LiveServer) -> None:
+    before = HostResources.measure(server.home)
+    sandbox = create(server, timeout=2)
+    sid = sandbox["sandboxID"]
+    with server.client() as api:
+        assert wait_for(lambda: api.get(f"/sandboxes/{sid}").status_code == 404, timeout=30)
+    assert wait_for(lambda: HostResources.measure(server.home) == before, timeout=10)
+
+
+def test_set_timeout_and_refresh(server: LiveServer) -> None:
+    sandbox = create(server, timeout=600)
+    sid = sandbox["sandboxID"]
+    with server.client() as api:
+        end_before = api.get(f"/sandboxes/{sid}").json()["endAt"]
+        assert api.post(f"/sandboxes/{sid}/timeout", json={"timeout": 30}).status_code == 204
+        end_short = api.get(f"/sandboxes/{sid}").json()["endAt"]
+        assert end_short < end_before
+        assert api.post(f"/sandboxes/{sid}/refreshes", json={"duration": 60}).status_code == 204
+        assert api.get(f"/sandboxes/{sid}").json()["endAt"] > end_short
+        assert api.post("/sandboxes/nope/timeout", json={"timeout": 30}).status_code == 404
+    kill(server, sid)
+
+
+def test_internet_access_switch(server: LiveServer) -> None:
+    """Egress works by default and is cut with allow_internet_access=false."""
+
+    class Hello(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"reached")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    # The host's own address on its default route stands in for "the internet".
+    route = subprocess.run(["ip", "-o", "route", "get", "1.1.1.1"], capture_output=True, text=True)
+    host_ip = route.stdout.split(" src ")[1].split()[0]
+    httpd = ThreadingHTTPServer((host_ip, 0), Hello)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://{host_ip}:{httpd.server_address[1]}/"
+    try:
+        open_box = create(server)
+        closed_box = create(server, allow_internet_access=False)
+        probe = f"curl -s -m 5 {url} || echo blocked"
+        assert run(server, open_box, probe)[0] == "reached"
+        assert run(server, closed_box, probe)[0].strip() == "blocked"
+        kill(server, open_box["sandboxID"])
+        kill(server, closed_box["sandboxID"])
+    finally:
+        httpd.shutdown()
+
+
+def test_restart_readopts_live_sandbox(fresh_server: LiveServer) -> None:
+    fresh_server.start()
+    sandbox = create(fresh_server)
+    sid = sandbox["sandboxID"]
+    run(fresh_server, sandbox, "echo kept > /home/user/mark")
+    fresh_server.stop()
+    fresh_server.start()
+    with fresh_server.client() as api:
+        assert api.get(f"/sandboxes/{sid}").json()["state"] == "running"
+    assert run(fresh_server, sandbox, "cat /home/user/mark")[0] == "kept\n"
+    kill(fresh_server, sid)
+    assert HostResources.measure(fresh_server.home) == HostResources(0, 0, 0, 0, 0)
+
+
+def test_restart_cleans_up_dead_sandboxes(fresh_server: LiveServer) -> None:
+    fresh_server.start()
+    sandbox = create(fresh_server)
+    fresh_server.stop()
+    info = fresh_server.home / "sandboxes" / sandbox["sandboxID"]
+    subprocess.run(["pkill", "-KILL", "-f", str(info)], check=False)
+    fresh_server.start()
+    with fresh_server.client() as api:
+        assert api.get(f"/sandboxes/{sandbox['sandboxID']}").status_code == 404
+    assert HostResources.measure(fresh_server.home) == HostResources(0, 0, 0, 0, 0)
+
+
+def test_twenty_cycles_return_to_baseline(server: LiveServer) -> None:
+    before = HostResources.measure(server.home)
+    for _ in range(20):
+        sandbox = create(server)
+        kill(server, sandbox["sandboxID"])
+    assert HostResources.measure(server.home) == before
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "text"),
+    [
+        ({"templateID": "no-such-template"}, 404, "not found"),
+        ({"templateID": "base", "timeout": -1}, 400, "timeout"),
+        ({"templateID": "base", "colour": "red"}, 400, "colour"),
+        ({"templateID": 7}, 400, "templateID"),
+        ({}, 400, "templateID"),
+    ],
+)
+def test_bad_create_requests(server: LiveServer, body: dict, status: int, text: str) -> None:
+    before = HostResources.measure(server.home)
+    with server.client() as api:
+        response = api.post("/v2/sandboxes", json=body)
+    assert response.status_code == status
+    error = response.json()
+    assert error["code"] == status
+    assert text in error["message"]
+    assert HostResources.measure(server.home) == before
+
+
+def test_malformed_json_and_auth(server: LiveServer) -> None:
+    with server.client() as api:
+        bad = api.post(
+            "/v2/sandboxes", content=b"{not json", headers={"Content-Type": "application/json"}
+        )
+        assert bad.status_code == 400
+        assert bad.json()["code"] == 400
+    with server.client(key=None) as anon:
+        missing = anon.get("/v2/sandboxes")
+        assert (missing.status_code, missing.json()["code"]) == (401, 401)
+        assert anon.get("/health").status_code == 200
+    with server.client(key=TEST_KEY + "0") as wrong:
+        assert wrong.get("/v2/sandboxes").status_code == 401
+    with server.client() as api:
+        assert api.get("/openapi.json").json()["info"]["title"] == "AgentENV"
+
+
+def test_not_enough_memory_is_503_and_leaves_nothing(fresh_server: LiveServer) -> None:
+    fresh_server.extra_env["AENV_SANDBOX_MIN_FREE_MEMORY_MB"] = str(10**9)
+    fresh_server.start()
+    with fresh_server.client() as api:
+        response = api.post("/v2/sandboxes", json={"templateID": "base"})
+        assert response.status_code == 503
+        assert "not enough host memory" in response.json()["message"]
+        assert api.get("/v2/sandboxes").json() == []
+    assert HostResources.measure(fresh_server.home) == HostResources(0, 0, 0, 0, 0)

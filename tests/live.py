@@ -1,0 +1,138 @@
+"""A real `aenv server` process for integration tests, and host resource accounting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from agentenv.config import load_config
+
+# Distinct from a developer's server (prefix "aenv", 10.199/16) on the same host.
+TEST_PREFIX = "aenvt"
+TEST_SUBNET = "10.198.0.0/16"
+TEST_KEY = "e2b_" + "5" * 40
+AENV = str(Path(sys.executable).with_name("aenv"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    """One server process with its own home; kit and images come from the shared cache."""
+
+    home: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        cfg = load_config(env={k: v for k, v in os.environ.items() if k != "AENV_HOME"})
+        return {
+            **os.environ,
+            "AENV_HOME": str(self.home),
+            "AENV_PATHS_KIT_DIR": str(cfg.kit_dir),
+            "AENV_PATHS_IMAGES_DIR": str(cfg.images_dir),
+            "AENV_PORT": str(self.port),
+            "AENV_API_KEY": TEST_KEY,
+            "AENV_NET_NAME_PREFIX": TEST_PREFIX,
+            "AENV_NET_HOST_SUBNET": TEST_SUBNET,
+            "AENV_SANDBOX_MEMORY_MB": "256",
+            **self.extra_env,
+        }
+
+    def start(self, timeout: float = 60.0) -> None:
+        log = open(self.home / "server.log", "ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(
+            [AENV, "server"], env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server did not answer /health: {self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log_tail(self, limit: int = 4000) -> str:
+        try:
+            return (self.home / "server.log").read_text(errors="replace")[-limit:]
+        except OSError:
+            return ""
+
+    def client(self, key: str | None = TEST_KEY) -> httpx.Client:
+        headers = {"X-API-Key": key} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=180)
+
+
+@dataclass(frozen=True)
+class HostResources:
+    """What a sandbox can leak on the host, counted for one server's prefix and home."""
+
+    vmms: int
+    namespaces: int
+    links: int
+    workdirs: int
+    mounts: int
+
+    @classmethod
+    def measure(cls, home: Path, prefix: str = TEST_PREFIX) -> HostResources:
+        sandboxes = home / "sandboxes"
+        vmms = 0
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if str(sandboxes).encode() in (entry / "cmdline").read_bytes():
+                        vmms += 1
+                except OSError:
+                    pass
+        netns = Path("/run/netns")
+        namespaces = (
+            sum(1 for p in netns.iterdir() if p.name.startswith(prefix + "-"))
+            if netns.exists()
+            else 0
+        )
+        links = sum(1 for p in Path("/sys/class/net").iterdir() if p.name.startswith(prefix))
+        workdirs = sum(1 for _ in sandboxes.iterdir()) if sandboxes.exists() else 0
+        mounts = Path("/proc/mounts").read_text().count(str(home))
+        return cls(vmms, namespaces, links, workdirs, mounts)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.5) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentenv.vmm.driver import DiskSpec, VmSpec
+from agentenv.vmm.qemu import build_command
+
+
+def _spec(tmp_path: Path) -> VmSpec:
+    return VmSpec(
+        name="aenv-x",
+        vcpus=2,
+        memory_mb=256,
+        kernel=Path("/k"),
+        initrd=Path("/i"),
+        disks=(DiskSpec(Path("/rt.ext4"), read_only=True), DiskSpec(Path("/u.qcow2"), "qcow2")),
+        workdir=tmp_path,
+        kernel_args="aenv.ip=1.2.3.4/30",
+        netns="aenv-x",
+        tap="tap0",
+    )
+
+
+def test_tcg_command_has_file_backed_ram_disks_and_nic(tmp_path: Path) -> None:
+    cmd = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path))
+    joined = " ".join(cmd)
+    assert f"mem-path={tmp_path / 'memory'},share=on" in joined
+    assert "memory-backend=ram" in joined
+    assert "-accel tcg,tb-size=64" in joined
+    assert "file=/rt.ext4,format=raw,if=none,readonly=on" in joined
+    assert "file=/u.qcow2,format=qcow2,if=none,readonly=off" in joined
+    assert "tap,id=net0,ifname=tap0" in joined
+    assert "aenv.ip=1.2.3.4/30 tsc_early_khz=2000000" in cmd[cmd.index("-append") + 1]
+    assert cmd[cmd.index("-smp") + 1] == "2"
+
+
+def test_kvm_uses_host_cpu(tmp_path: Path) -> None:
+    cmd = build_command("qemu-system-x86_64", "kvm", _spec(tmp_path))
+    assert cmd[cmd.index("-accel") + 1] == "kvm"
+    assert "host" in cmd
+    assert "tsc_early_khz" not in cmd[cmd.index("-append") + 1]
