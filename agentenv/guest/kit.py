@@ -31,7 +31,15 @@ from agentenv.guest.ext4 import pack_ext4
 from agentenv.guest.initramfs import INIT_SCRIPT, build_initramfs
 from agentenv.guest.kernel import WANTED_MODULES, fetch_kernel
 
-__all__ = ["Kit", "KitBuildError", "build_kit", "kernel_cmdline", "kit_version", "load_kit"]
+__all__ = [
+    "Kit",
+    "KitBuildError",
+    "build_kit",
+    "host_tsc_khz",
+    "kernel_cmdline",
+    "kit_version",
+    "load_kit",
+]
 
 # Bump when the builder's output changes for the same inputs.
 KIT_FORMAT = 1
@@ -82,10 +90,17 @@ def kernel_cmdline(
     *,
     hostname: str | None = None,
     dns: str | None = None,
+    tsc_khz: int | None = None,
     extra: Iterable[str] = (),
 ) -> str:
-    """Kernel command line for the kit's /init: console, fail-fast panics, aenv.* network."""
+    """Kernel command line for the kit's /init: console, fail-fast panics, aenv.* network.
+
+    Under TCG pass `tsc_khz` (see `host_tsc_khz`): on a busy host the guest's TSC
+    calibration against the PIT fails and the kernel hangs at time 0.
+    """
     args = ["console=ttyS0", "quiet", "panic=-1", "reboot=t"]
+    if tsc_khz:
+        args.append(f"tsc_early_khz={tsc_khz}")
     args.append(f"aenv.ip={net.guest_ip}/{net.guest_prefix}")
     args.append(f"aenv.gw={net.guest_gateway}")
     if hostname:
@@ -97,6 +112,24 @@ def kernel_cmdline(
         if not arg or any(c.isspace() for c in arg):
             raise ValueError(f"bad kernel argument {arg!r}")
     return " ".join(args)
+
+
+def host_tsc_khz(cpuinfo: str | None = None) -> int | None:
+    """The host TSC rate in kHz (a TCG guest's TSC ticks at it), if the CPU says it is constant."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    first = cpuinfo.split("\n\n", 1)[0]
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if "constant_tsc" not in fields.get("flags", "").split():
+        return None
+    try:
+        return round(float(fields["cpu MHz"]) * 1000)
+    except (KeyError, ValueError):
+        return None
 
 
 def parse_aenv_args(cmdline: str) -> dict[str, str]:

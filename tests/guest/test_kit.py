@@ -25,7 +25,7 @@ from agentenv.guest.debootstrap import clean_tree
 from agentenv.guest.ext4 import auto_size_mb, pack_ext4, tree_usage
 from agentenv.guest.initramfs import INIT_SCRIPT
 from agentenv.guest.kernel import module_load_order, module_name
-from agentenv.guest.kit import kernel_cmdline, kit_version, parse_aenv_args
+from agentenv.guest.kit import host_tsc_khz, kernel_cmdline, kit_version, parse_aenv_args
 
 MODULES_DEP = """\
 kernel/drivers/virtio/virtio_mmio.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
@@ -112,6 +112,13 @@ def test_kernel_cmdline_carries_network_for_init() -> None:
     assert line.endswith("lpj=1000")
     with pytest.raises(ValueError):
         kernel_cmdline(NetConfig(), hostname="two words")
+
+
+def test_host_tsc_khz_needs_a_constant_tsc() -> None:
+    info = "processor\t: 0\ncpu MHz\t\t: 2445.406\nflags\t\t: fpu constant_tsc nonstop_tsc\n\n"
+    assert host_tsc_khz(info) == 2445406
+    assert host_tsc_khz(info.replace("constant_tsc", "")) is None
+    assert "tsc_early_khz=2445406" in kernel_cmdline(NetConfig(), tsc_khz=2445406)
 
 
 def test_resolve_image_package_follows_metapackage(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -212,9 +219,9 @@ class _Vm:
             ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", rootfs, overlay],
             check=True,
         )
-        cmdline = kernel_cmdline(
-            NetConfig(guest_ip="10.0.2.15", guest_prefix=24, guest_gateway="10.0.2.2")
-        )
+        # User-mode networking has its own guest subnet; tsc_early_khz avoids TCG stalls.
+        net = NetConfig(guest_ip="10.0.2.15", guest_prefix=24, guest_gateway="10.0.2.2")
+        cmdline = kernel_cmdline(net, tsc_khz=host_tsc_khz())
         fwd = f"hostfwd=tcp:127.0.0.1:{self.port}-10.0.2.15:49983"
         argv = [
             "qemu-system-x86_64", "-M", "microvm,acpi=on", "-accel", "tcg", "-m", "512",
