@@ -43,4 +43,4 @@ quick-test: venv
 	$(BIN)/pytest -q -m 'not vm'
 
 bench: kit
-	@for b in benchmarks/bench_*.py; do $(BIN)/python $$b; done
+	@for b in benchmarks/bench_*.py; do $(BIN)/python -m benchmarks.$$(basename $$b .py) || exit 1; done

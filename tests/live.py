@@ -58,7 +58,7 @@ class LiveServer:
         }
 
     def start(self, timeout: float = 60.0) -> None:
-        log = open(self.home / "server.log", "ab")  # noqa: SIM115 - owned by the process
+        log = open(self.home / "server.log", "ab")
         self.proc = subprocess.Popen(
             [AENV, "server"], env=self.env, stdout=log, stderr=subprocess.STDOUT
         )
@@ -129,7 +129,7 @@ class HostResources:
         return cls(vmms, namespaces, links, workdirs, mounts)
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.5) -> bool:  # noqa: ANN001
+def wait_for(predicate, timeout: float, interval: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -38,6 +38,18 @@ class RefreshBody(_Request):
     duration: int = Field(default=60, ge=0, le=3600)
 
 
+class PauseBody(_Request):
+    # False asks for a filesystem-only snapshot, which is not offered.
+    memory: bool = True
+    requireHealthyGuest: bool = False
+
+
+class ConnectBody(_Request):
+    timeout: int | None = Field(default=None, ge=0, le=10_000_000)
+    # False asks to reboot instead of resuming memory, which is not offered.
+    memory: bool = True
+
+
 class Sandbox(BaseModel):
     """Answer to create and connect."""
 

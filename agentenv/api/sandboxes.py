@@ -11,14 +11,16 @@ from urllib.parse import parse_qsl, unquote
 from fastapi import APIRouter, Query, Request, Response
 
 from ..control.store import SandboxRecord
-from ..errors import InvalidInput
+from ..errors import Conflict, InvalidInput
 from ..guest.agent import ENVD_VERSION
 from ..runtime.lifecycle import PUBLIC_STATE, State
 from ..runtime.manager import CreateRequest, SandboxManager
 from .models import (
+    ConnectBody,
     Lifecycle,
     ListedSandbox,
     NewSandbox,
+    PauseBody,
     RefreshBody,
     Sandbox,
     SandboxDetail,
@@ -89,6 +91,8 @@ def _decode_cursor(token: str) -> tuple[datetime, str]:
 
 async def _create(request: Request, body: NewSandbox) -> Sandbox:
     cfg = request.app.state.config
+    if body.autoResume and body.autoResume.enabled:
+        raise InvalidInput("autoResume is not supported yet")
     record = await _manager(request).create(
         CreateRequest(
             template_id=body.templateID,
@@ -186,3 +190,52 @@ async def set_timeout(request: Request, sandbox_id: str, body: TimeoutBody) -> R
 async def refresh(request: Request, sandbox_id: str, body: RefreshBody | None = None) -> Response:
     await _manager(request).refresh(sandbox_id, (body or RefreshBody()).duration)
     return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
+async def pause_sandbox(
+    request: Request, sandbox_id: str, body: PauseBody | None = None
+) -> Response:
+    if body is not None and not body.memory:
+        raise InvalidInput("filesystem-only pause (memory=false) is not supported")
+    await _manager(request).pause(sandbox_id)
+    return Response(status_code=204)
+
+
+async def _connect(
+    request: Request, response: Response, sandbox_id: str, body: ConnectBody | None
+) -> tuple[Sandbox, bool]:
+    body = body or ConnectBody()
+    if not body.memory:
+        raise InvalidInput("resuming by reboot (memory=false) is not supported")
+    cfg = request.app.state.config
+    timeout = cfg.sandbox.default_timeout if body.timeout is None else body.timeout
+    record, resumed = await _manager(request).connect(sandbox_id, timeout)
+    response.status_code = 201 if resumed else 200
+    return _sandbox(record, _domain(request)), resumed
+
+
+@router.post("/v2/sandboxes/{sandbox_id}/connect", status_code=200)
+async def connect_sandbox_v2(
+    request: Request, response: Response, sandbox_id: str, body: ConnectBody | None = None
+) -> Sandbox:
+    """Resume if paused (201) or return the running sandbox (200)."""
+    return (await _connect(request, response, sandbox_id, body))[0]
+
+
+@router.post("/sandboxes/{sandbox_id}/connect", status_code=200)
+async def connect_sandbox(
+    request: Request, response: Response, sandbox_id: str, body: ConnectBody | None = None
+) -> Sandbox:
+    return (await _connect(request, response, sandbox_id, body))[0]
+
+
+@router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
+async def resume_sandbox(
+    request: Request, response: Response, sandbox_id: str, body: ConnectBody | None = None
+) -> Sandbox:
+    """SDK 2.0-2.5: resume a paused sandbox; a running one is a 409."""
+    record = await _manager(request).get(sandbox_id)
+    if record.state != State.PAUSED:
+        raise Conflict(f"sandbox '{sandbox_id}' is not paused")
+    return (await _connect(request, response, sandbox_id, body))[0]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentenv.config import Config
-from agentenv.guest.buildutil import KitBuildError, Progress, remove_tree, run, step
+from agentenv.guest.buildutil import KitBuildError, Progress, locked, remove_tree, run, step
 
 # Dropped from trees that never run a package manager or show documentation.
 DOC_PATHS = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/lintian")
@@ -30,7 +30,8 @@ def debootstrap(target: Path, packages: Sequence[str], cfg: Config, progress: Pr
     if packages:
         argv.append("--include=" + ",".join(packages))
     argv += [cfg.kit.suite, target, cfg.kit.mirror]
-    with step(progress, f"debootstrap {cfg.kit.suite} into {target.name}"):
+    # One debootstrap at a time per cache: two writers of one .deb could hand out a torn file.
+    with locked(cache / ".lock"), step(progress, f"debootstrap {cfg.kit.suite} into {target.name}"):
         try:
             run("debootstrap", argv)
         except KitBuildError as exc:

@@ -1,7 +1,8 @@
 """The guest kit: kernel, initramfs and the shared read-only runtime disk with the agent.
 
 Built once per set of inputs into `cfg.kit_dir/<version>/`; `cfg.kit_dir/manifest.json`
-names the current version. Old versions stay, since paused sandboxes may still use them.
+names the current version. Old versions stay (paused sandboxes may need them) until
+`prune_kits`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from agentenv.config import Config, NetConfig
+from agentenv.config import Config
 from agentenv.guest.buildutil import (
     KitBuildError,
     Progress,
@@ -35,10 +36,10 @@ __all__ = [
     "Kit",
     "KitBuildError",
     "build_kit",
-    "host_tsc_khz",
-    "kernel_cmdline",
+    "guest_args",
     "kit_version",
     "load_kit",
+    "prune_kits",
 ]
 
 # Bump when the builder's output changes for the same inputs.
@@ -85,51 +86,19 @@ def kit_version(
     return h.hexdigest()[:16]
 
 
-def kernel_cmdline(
-    net: NetConfig,
-    *,
-    hostname: str | None = None,
-    dns: str | None = None,
-    tsc_khz: int | None = None,
-    extra: Iterable[str] = (),
+def guest_args(
+    ip: str, prefix: int, gateway: str, *, hostname: str | None = None, dns: str | None = None
 ) -> str:
-    """Kernel command line for the kit's /init: console, fail-fast panics, aenv.* network.
-
-    Under TCG pass `tsc_khz` (see `host_tsc_khz`): on a busy host the guest's TSC
-    calibration against the PIT fails and the kernel hangs at time 0.
-    """
-    args = ["console=ttyS0", "quiet", "panic=-1", "reboot=t"]
-    if tsc_khz:
-        args.append(f"tsc_early_khz={tsc_khz}")
-    args.append(f"aenv.ip={net.guest_ip}/{net.guest_prefix}")
-    args.append(f"aenv.gw={net.guest_gateway}")
+    """The `aenv.*` kernel arguments the kit's /init reads (network, hostname, DNS)."""
+    args = [f"aenv.ip={ip}/{prefix}", f"aenv.gw={gateway}"]
     if hostname:
         args.append(f"aenv.hostname={hostname}")
     if dns:
         args.append(f"aenv.dns={dns}")
-    args.extend(extra)
     for arg in args:
-        if not arg or any(c.isspace() for c in arg):
+        if any(c.isspace() for c in arg):
             raise ValueError(f"bad kernel argument {arg!r}")
     return " ".join(args)
-
-
-def host_tsc_khz(cpuinfo: str | None = None) -> int | None:
-    """The host TSC rate in kHz (a TCG guest's TSC ticks at it), if the CPU says it is constant."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-    first = cpuinfo.split("\n\n", 1)[0]
-    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    if "constant_tsc" not in fields.get("flags", "").split():
-        return None
-    try:
-        return round(float(fields["cpu MHz"]) * 1000)
-    except (KeyError, ValueError):
-        return None
 
 
 def parse_aenv_args(cmdline: str) -> dict[str, str]:
@@ -321,6 +290,19 @@ def install_agent(tree: Path, agent_src: Path) -> None:
         ["chroot", tree, "/usr/bin/python3", "-m", "compileall", "-q", "--invalidation-mode",
          "unchecked-hash", "/opt/aenv"],
     )  # fmt: skip
+
+
+def prune_kits(cfg: Config, keep: Iterable[str] = ()) -> list[Path]:
+    """Delete built kit versions except the current one and `keep` (say, those that paused
+    sandboxes still need); returns what was removed."""
+    wanted = {kit_version(cfg), *keep}
+    removed = []
+    with locked(cfg.kit_dir / ".build.lock"):
+        for manifest in sorted(cfg.kit_dir.glob("*/manifest.json")):
+            if manifest.parent.name not in wanted:
+                shutil.rmtree(manifest.parent)
+                removed.append(manifest.parent)
+    return removed
 
 
 def describe(kit: Kit) -> dict[str, object]:

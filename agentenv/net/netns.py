@@ -34,10 +34,6 @@ class NetworkPlan:
     guest_gateway: str
     guest_prefix: int
 
-    @property
-    def guest_kernel_args(self) -> str:
-        return f"aenv.ip={self.guest_ip}/{self.guest_prefix} aenv.gw={self.guest_gateway}"
-
 
 def plan_network(
     slot: int,

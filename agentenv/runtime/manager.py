@@ -16,7 +16,7 @@ from ..config import Config
 from ..control.store import SandboxRecord, SandboxStore
 from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..guest.client import AgentClient
-from ..guest.kit import Kit
+from ..guest.kit import Kit, guest_args
 from ..images.catalog import TemplateCatalog
 from ..net.netns import NetworkPlan, create_network, destroy_network, plan_network
 from ..vmm.driver import DiskSpec, VmHandle, VmmDriver, VmmError, VmSpec
@@ -97,6 +97,9 @@ class SandboxManager:
             guest_prefix=net.guest_prefix,
         )
 
+    def _route(self, record: SandboxRecord) -> Route:
+        return Route(self.network_plan(record).ns_ip, record.access_token)
+
     def _agent(self, record: SandboxRecord) -> AgentClient:
         return AgentClient(f"http://{self.network_plan(record).ns_ip}:{AGENT_PORT}")
 
@@ -161,9 +164,7 @@ class SandboxManager:
             async with self._lock(record.sandbox_id):
                 await self._provision(record, template.rootfs, template.rootfs_format, cleanup)
                 await self._transition(record, Event.BOOTED)
-                self._routes[record.sandbox_id] = Route(
-                    self.network_plan(record).ns_ip, record.access_token
-                )
+                self._routes[record.sandbox_id] = self._route(record)
             cleanup.dismiss()
             log.info("sandbox %s running (slot %d)", record.sandbox_id, record.slot)
             return record
@@ -197,7 +198,7 @@ class SandboxManager:
                 DiskSpec(overlay, "qcow2"),
             ),
             workdir=workdir,
-            kernel_args=plan.guest_kernel_args,
+            kernel_args=guest_args(plan.guest_ip, plan.guest_prefix, plan.guest_gateway),
             netns=plan.netns,
             tap="tap0",
         )
@@ -274,6 +275,53 @@ class SandboxManager:
         end_at = max(record.end_at, now() + timedelta(seconds=self._clamp_timeout(duration)))
         await self.store.update(record.sandbox_id, end_at=end_at)
 
+    async def pause(self, sandbox_id: str) -> None:
+        """Freeze the guest and save its device state; it uses no CPU until resumed."""
+        record = await self.get(sandbox_id)
+        async with self._lock(sandbox_id):
+            if record.state == State.PAUSED:
+                raise Conflict(f"sandbox '{sandbox_id}' is already paused")
+            if record.state != State.RUNNING:
+                raise Conflict(f"sandbox '{sandbox_id}' is {record.state}")
+            await self._transition(record, Event.PAUSE)
+            self._routes.pop(sandbox_id, None)
+            try:
+                assert record.vm is not None
+                handle = VmHandle.from_dict(record.vm)
+                await self.driver.pause(handle, self.workdir(sandbox_id) / "snapshot")
+            except BaseException:
+                await self._transition(record, Event.FAILED)
+                self._routes[sandbox_id] = self._route(record)
+                raise
+            await self._transition(record, Event.PAUSED)
+        log.info("sandbox %s paused", sandbox_id)
+
+    async def connect(self, sandbox_id: str, timeout: int) -> tuple[SandboxRecord, bool]:
+        """Resume a paused sandbox (True) or keep a running one (False); extends its life."""
+        record = await self.get(sandbox_id)
+        wanted_end = now() + timedelta(seconds=self._clamp_timeout(timeout))
+        async with self._lock(sandbox_id):
+            if record.state == State.RUNNING:
+                if wanted_end > record.end_at:
+                    record.end_at = wanted_end
+                    await self.store.update(sandbox_id, end_at=wanted_end)
+                return record, False
+            if record.state != State.PAUSED:
+                raise Conflict(f"sandbox '{sandbox_id}' is {record.state}")
+            await self._transition(record, Event.RESUME)
+            try:
+                assert record.vm is not None
+                await self.driver.resume(VmHandle.from_dict(record.vm))
+            except BaseException:
+                await self._transition(record, Event.FAILED)
+                raise
+            record.end_at = wanted_end
+            await self.store.update(sandbox_id, end_at=wanted_end)
+            await self._transition(record, Event.RESUMED)
+            self._routes[sandbox_id] = self._route(record)
+        log.info("sandbox %s resumed", sandbox_id)
+        return record, True
+
     # -- background ------------------------------------------------------------------
 
     async def sweep_once(self) -> None:
@@ -288,7 +336,10 @@ class SandboxManager:
             if dead:
                 log.warning("sandbox %s: VM exited on its own; removing it", record.sandbox_id)
             with contextlib.suppress(NotFound, Conflict):
-                await self.kill(record.sandbox_id)
+                if record.auto_pause and not dead:
+                    await self.pause(record.sandbox_id)
+                else:
+                    await self.kill(record.sandbox_id)
 
     async def run_sweeper(self, interval: float = 1.0) -> None:
         while True:

@@ -28,7 +28,7 @@ async def recover(manager: SandboxManager) -> RecoveryReport:
     report = RecoveryReport()
     for record in await manager.store.list():
         alive = (
-            record.state == State.RUNNING
+            record.state in (State.RUNNING, State.PAUSED)
             and record.vm is not None
             and manager.driver.is_alive(VmHandle.from_dict(record.vm))
         )

@@ -16,24 +16,37 @@ _STOP_GRACE_S = 2.0
 _TERM_GRACE_S = 5.0
 
 
-def host_tsc_khz(cpuinfo: Path = Path("/proc/cpuinfo")) -> int:
-    """The host's TSC rate, which a TCG guest's TSC runs at."""
-    for line in cpuinfo.read_text().splitlines():
-        if line.startswith("cpu MHz"):
-            return int(float(line.split(":")[1]) * 1000)
-    return 2_000_000
+def host_tsc_khz(cpuinfo: str | None = None) -> int | None:
+    """Host TSC rate in kHz (a TCG guest's TSC ticks at it), if the CPU says it is constant."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    first = cpuinfo.split("\n\n", 1)[0]
+    fields = {
+        key.strip(): value.strip()
+        for key, _, value in (line.partition(":") for line in first.splitlines())
+    }
+    if "constant_tsc" not in fields.get("flags", "").split():
+        return None
+    try:
+        return round(float(fields["cpu MHz"]) * 1000)
+    except (KeyError, ValueError):
+        return None
 
 
-def kernel_args(accel: str, spec: VmSpec, tsc_khz: int) -> str:
-    args = f"console=ttyS0 quiet panic=-1 reboot=t {spec.kernel_args}".strip()
-    if accel == "tcg":
+def kernel_args(accel: str, guest_args: str, tsc_khz: int | None) -> str:
+    """Serial console, fail-fast panics, the guest's own arguments, and TCG's clock fix."""
+    args = f"console=ttyS0 quiet panic=-1 reboot=t {guest_args}".strip()
+    if accel == "tcg" and tsc_khz:
         # Under TCG the kernel cannot calibrate the TSC (no PIT/HPET reference) and often
         # stalls at boot; telling it the rate skips calibration (16/16 boots vs. 4/8 without).
         args += f" tsc_early_khz={tsc_khz} tsc=reliable"
     return args
 
 
-def build_command(qemu: str, accel: str, spec: VmSpec, tsc_khz: int = 2_000_000) -> list[str]:
+def build_command(qemu: str, accel: str, spec: VmSpec, tsc_khz: int | None = None) -> list[str]:
     """The full QEMU command line for `spec` (pure, so it is unit-tested)."""
     workdir = spec.workdir
     args = [
@@ -50,7 +63,7 @@ def build_command(qemu: str, accel: str, spec: VmSpec, tsc_khz: int = 2_000_000)
         "-qmp", f"unix:{workdir / _QMP_SOCKET},server=on,wait=off",
         "-kernel", str(spec.kernel),
         "-initrd", str(spec.initrd),
-        "-append", kernel_args(accel, spec, tsc_khz),
+        "-append", kernel_args(accel, spec.kernel_args, tsc_khz),
         "-device", "virtio-balloon-device,deflate-on-oom=on,free-page-reporting=on",
     ]  # fmt: skip
     if accel == "kvm":

@@ -239,3 +239,42 @@ def test_not_enough_memory_is_503_and_leaves_nothing(fresh_server: LiveServer) -
         assert "not enough host memory" in response.json()["message"]
         assert api.get("/v2/sandboxes").json() == []
     assert HostResources.measure(fresh_server.home) == HostResources(0, 0, 0, 0, 0)
+
+
+def test_pause_and_connect_resume_where_it_stopped(server: LiveServer) -> None:
+    sandbox = create(server)
+    sid = sandbox["sandboxID"]
+    run(
+        server,
+        sandbox,
+        "echo $$ > /tmp/shell.pid; nohup sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/sleep.pid",
+    )
+    with server.client() as api:
+        assert api.post(f"/sandboxes/{sid}/pause", json={}).status_code == 204
+        again = api.post(f"/sandboxes/{sid}/pause", json={})
+        assert (again.status_code, again.json()["code"]) == (409, 409)
+        assert api.get(f"/sandboxes/{sid}").json()["state"] == "paused"
+        listed = api.get("/v2/sandboxes", params={"state": "paused"}).json()
+        assert sid in [s["sandboxID"] for s in listed]
+        assert sid not in [s["sandboxID"] for s in api.get("/sandboxes").json()]
+        assert api.post(f"/sandboxes/{sid}/pause", json={"memory": False}).status_code == 400
+        resumed = api.post(f"/v2/sandboxes/{sid}/connect", json={"timeout": 120})
+        assert resumed.status_code == 201, resumed.text
+        assert resumed.json()["sandboxID"] == sid
+        running = api.post(f"/v2/sandboxes/{sid}/connect", json={})
+        assert running.status_code == 200
+        assert api.post(f"/sandboxes/{sid}/resume", json={}).status_code == 409
+    out, _, code = run(server, sandbox, "kill -0 $(cat /tmp/sleep.pid) && echo alive")
+    assert (out, code) == ("alive\n", 0)
+    kill(server, sid)
+
+
+def test_auto_pause_on_expiry(server: LiveServer) -> None:
+    sandbox = create(server, timeout=2, autoPause=True)
+    sid = sandbox["sandboxID"]
+    with server.client() as api:
+        assert wait_for(lambda: api.get(f"/sandboxes/{sid}").json()["state"] == "paused", 30)
+        assert api.get(f"/sandboxes/{sid}").json()["lifecycle"]["onTimeout"] == "pause"
+        assert api.post(f"/sandboxes/{sid}/connect", json={"timeout": 60}).status_code == 201
+    assert run(server, sandbox, "echo back")[0] == "back\n"
+    kill(server, sid)

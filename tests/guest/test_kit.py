@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import shutil
-import socket
-import struct
 import subprocess
 import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from agentenv.config import Config, NetConfig, load_config
+from agentenv.config import Config, load_config
 from agentenv.guest import kernel as kernel_mod
 from agentenv.guest.buildutil import KitBuildError, remove_tree
 from agentenv.guest.debootstrap import clean_tree
 from agentenv.guest.ext4 import auto_size_mb, pack_ext4, tree_usage
 from agentenv.guest.initramfs import INIT_SCRIPT
 from agentenv.guest.kernel import module_load_order, module_name
-from agentenv.guest.kit import host_tsc_khz, kernel_cmdline, kit_version, parse_aenv_args
+from agentenv.guest.kit import (
+    guest_args,
+    kit_version,
+    load_kit,
+    parse_aenv_args,
+    prune_kits,
+)
+
+from ..rawvm import RawVm, run_command
 
 MODULES_DEP = """\
 kernel/drivers/virtio/virtio_mmio.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
@@ -78,6 +80,25 @@ def test_version_is_stable_and_tracks_every_input(tmp_path: Path) -> None:
     assert len(seen) == 7
 
 
+def test_load_and_prune_kits(tmp_path: Path) -> None:
+    cfg = Config()
+    cfg.paths.kit_dir = str(tmp_path)
+    assert load_kit(cfg) is None
+    current = kit_version(cfg)
+    for version in (current, "old1", "old2"):
+        (tmp_path / version).mkdir()
+        for name in ("vmlinuz", "initrd.img", "runtime.ext4"):
+            (tmp_path / version / name).write_text("x")
+        (tmp_path / version / "manifest.json").write_text(json.dumps({"version": version}))
+    (tmp_path / "cache").mkdir()
+    kit = load_kit(cfg)
+    assert kit is not None and kit.version == current and kit.kernel.parent.name == current
+    assert prune_kits(cfg, keep=["old2"]) == [tmp_path / "old1"]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == sorted(
+        ["cache", current, "old2"]
+    )
+
+
 def test_module_order_puts_dependencies_first() -> None:
     order = [module_name(p) for p in module_load_order(kernel_mod.WANTED_MODULES[:4], MODULES_DEP)]
     assert len(order) == len(set(order))
@@ -104,21 +125,12 @@ def test_module_name_handles_compressed_modules() -> None:
     assert module_name("virtio.ko") == "virtio"
 
 
-def test_kernel_cmdline_carries_network_for_init() -> None:
-    line = kernel_cmdline(NetConfig(), hostname="box", extra=["lpj=1000"])
-    assert "console=ttyS0" in line and "panic=-1" in line
-    args = parse_aenv_args(line)
+def test_guest_args_carry_network_for_init() -> None:
+    line = guest_args("169.254.0.21", 30, "169.254.0.22", hostname="box")
+    args = parse_aenv_args("console=ttyS0 " + line)
     assert args == {"ip": "169.254.0.21/30", "gw": "169.254.0.22", "hostname": "box"}
-    assert line.endswith("lpj=1000")
     with pytest.raises(ValueError):
-        kernel_cmdline(NetConfig(), hostname="two words")
-
-
-def test_host_tsc_khz_needs_a_constant_tsc() -> None:
-    info = "processor\t: 0\ncpu MHz\t\t: 2445.406\nflags\t\t: fpu constant_tsc nonstop_tsc\n\n"
-    assert host_tsc_khz(info) == 2445406
-    assert host_tsc_khz(info.replace("constant_tsc", "")) is None
-    assert "tsc_early_khz=2445406" in kernel_cmdline(NetConfig(), tsc_khz=2445406)
+        guest_args("169.254.0.21", 30, "169.254.0.22", hostname="two words")
 
 
 def test_resolve_image_package_follows_metapackage(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,94 +185,7 @@ def test_remove_tree(tmp_path: Path) -> None:
     assert not (tmp_path / "a").exists()
 
 
-# --- a real microVM -------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _envelope(message: dict) -> bytes:
-    body = json.dumps(message).encode()
-    return struct.pack(">BI", 0, len(body)) + body
-
-
-def _run_command(port: int, cmd: str, args: list[str]) -> tuple[int | None, str]:
-    """Start a process through the agent's Connect API; return (exit code, stdout)."""
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/process.Process/Start",
-        data=_envelope({"process": {"cmd": cmd, "args": args}}),
-        headers={"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"},
-        method="POST",
-    )
-    data = urllib.request.urlopen(req, timeout=60).read()
-    stdout, code, pos = b"", None, 0
-    while pos + 5 <= len(data):
-        _flags, size = struct.unpack(">BI", data[pos : pos + 5])
-        msg = json.loads(data[pos + 5 : pos + 5 + size])
-        pos += 5 + size
-        event = msg.get("event", {})
-        if "data" in event and "stdout" in event["data"]:
-            stdout += base64.b64decode(event["data"]["stdout"])
-        if "end" in event:
-            code = event["end"].get("exitCode", 0)
-    return code, stdout.decode(errors="replace")
-
-
-class _Vm:
-    """One QEMU microVM booting the kit with a qcow2 overlay of the base template."""
-
-    def __init__(self, kit, rootfs: Path, workdir: Path) -> None:
-        self.port = _free_port()
-        overlay = workdir / "overlay.qcow2"
-        subprocess.run(
-            ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", rootfs, overlay],
-            check=True,
-        )
-        # User-mode networking has its own guest subnet; tsc_early_khz avoids TCG stalls.
-        net = NetConfig(guest_ip="10.0.2.15", guest_prefix=24, guest_gateway="10.0.2.2")
-        cmdline = kernel_cmdline(net, tsc_khz=host_tsc_khz())
-        fwd = f"hostfwd=tcp:127.0.0.1:{self.port}-10.0.2.15:49983"
-        argv = [
-            "qemu-system-x86_64", "-M", "microvm,acpi=on", "-accel", "tcg", "-m", "512",
-            "-smp", "1", "-nographic", "-nodefaults", "-no-reboot", "-serial", "stdio",
-            "-kernel", kit.kernel, "-initrd", kit.initrd, "-append", cmdline,
-            "-drive", f"id=rt,file={kit.runtime_disk},format=raw,if=none,readonly=on",
-            "-device", "virtio-blk-device,drive=rt",
-            "-drive", f"id=root,file={overlay},format=qcow2,if=none",
-            "-device", "virtio-blk-device,drive=root",
-            "-netdev", f"user,id=n0,{fwd}", "-device", "virtio-net-device,netdev=n0",
-        ]  # fmt: skip
-        self.console: list[str] = []
-        self.proc = subprocess.Popen(
-            [str(a) for a in argv],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.console.append(line.decode(errors="replace").rstrip())
-
-    def wait_health(self, deadline: float) -> bool:
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 204:
-                        return True
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.2)
-        return False
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
+# --- a real microVM, booted by plain QEMU (tests/rawvm.py) ----------------------------
 
 
 @pytest.mark.vm
@@ -275,7 +200,7 @@ def test_kit_boots_and_agent_answers(tmp_path: Path) -> None:
     base = build_base_template(cfg)
     for attempt in range(2):  # TCG early-boot stalls happen on busy hosts: retry once
         workdir = Path(tempfile.mkdtemp(dir=tmp_path))
-        vm = _Vm(kit, base.rootfs, workdir)
+        vm = RawVm(kit, base.rootfs, workdir)
         try:
             if not vm.wait_health(time.monotonic() + 90):
                 if attempt == 0:
@@ -283,7 +208,7 @@ def test_kit_boots_and_agent_answers(tmp_path: Path) -> None:
                 pytest.fail("agent /health never answered; console:\n" + "\n".join(vm.console))
             assert any("aenv: agent starting" in line for line in vm.console)
             assert not any("aenv: FATAL" in line for line in vm.console)
-            code, out = _run_command(vm.port, "/bin/sh", ["-c", "echo hello-$((6*7)); id -u"])
+            code, out = run_command(vm.port, "/bin/sh", ["-c", "echo hello-$((6*7)); id -u"])
             assert code == 0, "\n".join(vm.console)
             assert "hello-42" in out
             return

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentenv.vmm.driver import DiskSpec, VmSpec
-from agentenv.vmm.qemu import build_command
+from agentenv.vmm.qemu import build_command, host_tsc_khz
 
 
 def _spec(tmp_path: Path) -> VmSpec:
@@ -22,7 +22,7 @@ def _spec(tmp_path: Path) -> VmSpec:
 
 
 def test_tcg_command_has_file_backed_ram_disks_and_nic(tmp_path: Path) -> None:
-    cmd = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path))
+    cmd = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path), 2445406)
     joined = " ".join(cmd)
     assert f"mem-path={tmp_path / 'memory'},share=on" in joined
     assert "memory-backend=ram" in joined
@@ -30,7 +30,7 @@ def test_tcg_command_has_file_backed_ram_disks_and_nic(tmp_path: Path) -> None:
     assert "file=/rt.ext4,format=raw,if=none,readonly=on" in joined
     assert "file=/u.qcow2,format=qcow2,if=none,readonly=off" in joined
     assert "tap,id=net0,ifname=tap0" in joined
-    assert "aenv.ip=1.2.3.4/30 tsc_early_khz=2000000" in cmd[cmd.index("-append") + 1]
+    assert "aenv.ip=1.2.3.4/30 tsc_early_khz=2445406" in cmd[cmd.index("-append") + 1]
     assert cmd[cmd.index("-smp") + 1] == "2"
 
 
@@ -39,3 +39,11 @@ def test_kvm_uses_host_cpu(tmp_path: Path) -> None:
     assert cmd[cmd.index("-accel") + 1] == "kvm"
     assert "host" in cmd
     assert "tsc_early_khz" not in cmd[cmd.index("-append") + 1]
+
+
+def test_host_tsc_khz_needs_a_constant_tsc() -> None:
+    info = (
+        "processor\t: 0\ncpu MHz\t\t: 2445.406\nflags\t\t: fpu tsc constant_tsc\n\nprocessor: 1\n"
+    )
+    assert host_tsc_khz(info) == 2445406
+    assert host_tsc_khz(info.replace("constant_tsc", "")) is None

@@ -1,11 +1,10 @@
-"""`aenv` as a subprocess against a live server (set AENV_TEST_URL and AENV_TEST_KEY)."""
+"""`aenv` as a subprocess against a live server with real microVM sandboxes."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
@@ -13,22 +12,24 @@ from pathlib import Path
 
 import pytest
 
-URL = os.environ.get("AENV_TEST_URL", "")
-KEY = os.environ.get("AENV_TEST_KEY", "")
-TEMPLATE = os.environ.get("AENV_TEST_TEMPLATE", "base")
+from ..live import AENV, TEST_KEY, LiveServer
 
-pytestmark = [
-    pytest.mark.vm,
-    pytest.mark.skipif(not (URL and KEY), reason="AENV_TEST_URL / AENV_TEST_KEY not set"),
-]
+TEMPLATE = "base"
+
+pytestmark = pytest.mark.vm
+
+_env: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cli_env(server: LiveServer) -> None:
+    """Point the CLI at the live server through the documented environment variables."""
+    _env.update(os.environ, AENV_API_URL=server.url, AENV_API_KEY=TEST_KEY)
 
 
 def aenv(*args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    script = Path(sys.executable).with_name("aenv")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "agentenv.cli.main"]
-    env = {**os.environ, "AENV_API_URL": URL, "AENV_API_KEY": KEY}
     proc = subprocess.run(
-        [*cmd, *args], capture_output=True, env=env, timeout=timeout, stdin=subprocess.DEVNULL
+        [AENV, *args], capture_output=True, env=_env, timeout=timeout, stdin=subprocess.DEVNULL
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"aenv {' '.join(args)} → {proc.returncode}: {proc.stderr.decode()}")
@@ -49,6 +50,13 @@ def sandbox(tag: str) -> Iterator[str]:
         yield sandbox_id
     finally:
         aenv("rm", sandbox_id, check=False)
+
+
+def test_exec_uname_runs_in_the_microvm(sandbox: str) -> None:
+    proc = aenv("exec", sandbox, "--", "uname", "-a")
+    host = os.uname()
+    assert proc.stdout.startswith(b"Linux ")
+    assert host.release.encode() not in proc.stdout
 
 
 def test_exec_stdout_stderr_exit_code(sandbox: str) -> None:

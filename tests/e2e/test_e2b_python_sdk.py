@@ -1,0 +1,146 @@
+"""The unmodified `e2b` Python SDK against a live server, configured only by environment."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+from e2b import AsyncSandbox, CommandExitException, Sandbox
+from e2b.exceptions import NotFoundException, SandboxException, TimeoutException
+
+from ..live import TEST_KEY, LiveServer
+
+pytestmark = pytest.mark.vm
+
+
+@pytest.fixture(autouse=True)
+def e2b_env(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E2B_API_URL", server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
+    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+
+
+@pytest.fixture
+def sbx() -> Iterator[Sandbox]:
+    sandbox = Sandbox.create(envs={"FROM_CREATE": "yes"}, metadata={"sdk": "python"})
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()
+
+
+def test_commands(sbx: Sandbox) -> None:
+    result = sbx.commands.run("echo hi; echo oops >&2")
+    assert (result.stdout, result.stderr, result.exit_code) == ("hi\n", "oops\n", 0)
+    with pytest.raises(CommandExitException) as failed:
+        sbx.commands.run("echo partial; exit 4")
+    assert failed.value.exit_code == 4
+    assert failed.value.stdout == "partial\n"
+    assert sbx.commands.run("echo $FROM_CREATE $X", envs={"X": "1"}).stdout == "yes 1\n"
+    assert sbx.commands.run("pwd", cwd="/tmp").stdout == "/tmp\n"
+    assert sbx.commands.run("whoami", user="root").stdout == "root\n"
+    assert sbx.commands.run("whoami").stdout == "user\n"
+    big = sbx.commands.run("head -c 1048576 /dev/zero | tr '\\0' a")
+    assert len(big.stdout) == 1048576
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 30", timeout=2)
+    chunks: list[str] = []
+    sbx.commands.run("for i in 1 2 3; do echo $i; sleep 0.2; done", on_stdout=chunks.append)
+    assert "".join(chunks) == "1\n2\n3\n"
+
+
+def test_background_commands(sbx: Sandbox) -> None:
+    handle = sbx.commands.run("sleep 600", background=True)
+    assert handle.pid in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(handle.pid)
+    assert not sbx.commands.kill(999999)
+    reader = sbx.commands.run("read line; echo got $line", background=True, stdin=True)
+    sbx.commands.send_stdin(reader.pid, "ping\n")
+    assert reader.wait().stdout == "got ping\n"
+    ticker = sbx.commands.run("sleep 1; echo tick", background=True)
+    again = sbx.commands.connect(ticker.pid)
+    assert again.wait().stdout == "tick\n"
+
+
+def test_pty(sbx: Sandbox) -> None:
+    from e2b import PtySize
+
+    output = bytearray()
+    terminal = sbx.pty.create(PtySize(rows=24, cols=80), on_data=output.extend)
+    sbx.pty.resize(terminal.pid, PtySize(rows=40, cols=132))
+    sbx.pty.send_stdin(terminal.pid, b"stty size; exit\n")
+    terminal.wait()
+    assert b"40 132" in bytes(output)
+
+
+def test_files(sbx: Sandbox) -> None:
+    info = sbx.files.write("notes/hello.txt", "hello")
+    assert info.path == "/home/user/notes/hello.txt"
+    assert sbx.files.read("notes/hello.txt") == "hello"
+    sbx.files.write("/tmp/blob.bin", b"\x00\x01\xff")
+    assert bytes(sbx.files.read("/tmp/blob.bin", format="bytes")) == b"\x00\x01\xff"
+    sbx.files.write_files([
+        {"path": "/tmp/many/a.txt", "data": "a"},
+        {"path": "/tmp/many/b.txt", "data": "b"},
+    ])  # fmt: skip
+    assert sorted(e.name for e in sbx.files.list("/tmp/many")) == ["a.txt", "b.txt"]
+    assert sbx.files.make_dir("/tmp/made/deep")
+    assert not sbx.files.make_dir("/tmp/made/deep")
+    assert sbx.files.exists("/tmp/many/a.txt")
+    assert not sbx.files.exists("/tmp/nope")
+    assert sbx.files.get_info("/tmp/many/a.txt").size == 1
+    sbx.files.rename("/tmp/many/a.txt", "/tmp/many/c.txt")
+    assert sbx.files.exists("/tmp/many/c.txt")
+    sbx.files.remove("/tmp/many")
+    assert not sbx.files.exists("/tmp/many")
+
+
+def test_watch_dir(sbx: Sandbox) -> None:
+    sbx.files.make_dir("/tmp/watched")
+    watcher = sbx.files.watch_dir("/tmp/watched")
+    sbx.files.write("/tmp/watched/new.txt", "x")
+    deadline = time.monotonic() + 10
+    names: set[str] = set()
+    while time.monotonic() < deadline and "new.txt" not in names:
+        names |= {event.name for event in watcher.get_new_events()}
+        time.sleep(0.2)
+    watcher.stop()
+    assert "new.txt" in names
+
+
+def test_list_info_timeout_pause_connect(sbx: Sandbox) -> None:
+    from e2b import SandboxQuery
+
+    listed = Sandbox.list(query=SandboxQuery(metadata={"sdk": "python"})).next_items()
+    assert sbx.sandbox_id in [s.sandbox_id for s in listed]
+    info = sbx.get_info()
+    assert info.metadata == {"sdk": "python"}
+    sbx.set_timeout(120)
+    assert sbx.is_running()
+    sbx.pause()
+    resumed = Sandbox.connect(sbx.sandbox_id)
+    assert resumed.commands.run("echo resumed").stdout == "resumed\n"
+
+
+def test_not_found_errors() -> None:
+    with pytest.raises(NotFoundException):
+        Sandbox.connect("inotasandbox00000000")
+    assert not Sandbox.kill("inotasandbox00000000")
+    with pytest.raises(SandboxException):
+        Sandbox.create(template="no-such-template")
+
+
+def test_async_client() -> None:
+    async def scenario() -> str:
+        sandbox = await AsyncSandbox.create()
+        try:
+            result = await sandbox.commands.run("echo async")
+            await sandbox.files.write("/tmp/a.txt", "A")
+            assert await sandbox.files.read("/tmp/a.txt") == "A"
+            return result.stdout
+        finally:
+            await sandbox.kill()
+
+    assert asyncio.run(scenario()) == "async\n"
