@@ -118,3 +118,10 @@ def test_rm_then_missing(tag: str) -> None:
     assert gone.stderr.startswith(b"error: ")
     again = aenv("rm", sandbox_id, check=False)
     assert again.returncode == 1
+
+
+def test_doctor_names_the_accelerator() -> None:
+    proc = aenv("doctor", check=False)
+    out = proc.stdout.decode()
+    assert "accelerator: " in out, out
+    assert proc.returncode == 0, out + proc.stderr.decode()

@@ -68,10 +68,10 @@ def test_pty(sbx: Sandbox) -> None:
     from e2b import PtySize
 
     output = bytearray()
-    terminal = sbx.pty.create(PtySize(rows=24, cols=80), on_data=output.extend)
+    terminal = sbx.pty.create(PtySize(rows=24, cols=80))
     sbx.pty.resize(terminal.pid, PtySize(rows=40, cols=132))
     sbx.pty.send_stdin(terminal.pid, b"stty size; exit\n")
-    terminal.wait()
+    terminal.wait(on_pty=output.extend)
     assert b"40 132" in bytes(output)
 
 

@@ -278,3 +278,19 @@ def test_auto_pause_on_expiry(server: LiveServer) -> None:
         assert api.post(f"/sandboxes/{sid}/connect", json={"timeout": 60}).status_code == 201
     assert run(server, sandbox, "echo back")[0] == "back\n"
     kill(server, sid)
+
+
+def test_api_key_generated_once_with_private_mode(fresh_server: LiveServer) -> None:
+    fresh_server.extra_env["AENV_API_KEY"] = ""
+    fresh_server.start()
+    key_file = fresh_server.home / "secrets" / "api-key"
+    key = key_file.read_text().strip()
+    assert key.startswith("e2b_") and int(key[4:], 16) >= 0
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert fresh_server.log_tail().count(key) == 1
+    with fresh_server.client(key=key) as api:
+        assert api.get("/v2/sandboxes").status_code == 200
+    fresh_server.stop()
+    fresh_server.start()
+    assert fresh_server.log_tail().count(key) == 1
+    assert key_file.read_text().strip() == key
