@@ -13,6 +13,7 @@ import argparse
 import base64
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -119,8 +120,11 @@ def main() -> None:
             ratio = statistics.median(ours) / statistics.median(raw)
             print(json.dumps({"bench": "create_vs_raw_ratio", "p50_ratio": round(ratio, 2)}))
             print(json.dumps(idle_rss(server, args.idle, settle_s=10)))
+        except Exception:
+            print(server.log_tail(), file=sys.stderr)
+            raise
         finally:
-            server.stop()
+            server.close()
 
 
 if __name__ == "__main__":

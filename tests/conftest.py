@@ -30,7 +30,7 @@ def server(kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     try:
         yield live
     finally:
-        live.stop()
+        live.close()
 
 
 @pytest.fixture
@@ -39,4 +39,4 @@ def fresh_server(kit_ready: None, tmp_path: Path) -> Iterator[LiveServer]:
     live = LiveServer(tmp_path / "home")
     live.home.mkdir()
     yield live
-    live.stop()
+    live.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -15,11 +16,18 @@ import httpx
 
 from agentenv.config import load_config
 
-# Distinct from a developer's server (prefix "aenv", 10.199/16) on the same host.
-TEST_PREFIX = "aenvt"
-TEST_SUBNET = "10.198.0.0/16"
 TEST_KEY = "e2b_" + "5" * 40
 AENV = str(Path(sys.executable).with_name("aenv"))
+
+
+def _unique_network() -> tuple[str, str]:
+    """A name prefix and a /16 no other server on this host uses (they may run at once)."""
+    used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
+    for _ in range(100):
+        octet = secrets.choice(range(100, 190))
+        if f" 10.{octet}." not in used:
+            return f"at{secrets.token_hex(2)}", f"10.{octet}.0.0/16"
+    raise RuntimeError("no free 10.x.0.0/16 for a test server")
 
 
 def free_port() -> int:
@@ -36,6 +44,11 @@ class LiveServer:
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    network: tuple[str, str] = field(default_factory=_unique_network)
+
+    @property
+    def prefix(self) -> str:
+        return self.network[0]
 
     @property
     def url(self) -> str:
@@ -51,8 +64,8 @@ class LiveServer:
             "AENV_PATHS_IMAGES_DIR": str(cfg.images_dir),
             "AENV_PORT": str(self.port),
             "AENV_API_KEY": TEST_KEY,
-            "AENV_NET_NAME_PREFIX": TEST_PREFIX,
-            "AENV_NET_HOST_SUBNET": TEST_SUBNET,
+            "AENV_NET_NAME_PREFIX": self.network[0],
+            "AENV_NET_HOST_SUBNET": self.network[1],
             "AENV_SANDBOX_MEMORY_MB": "256",
             **self.extra_env,
         }
@@ -85,6 +98,19 @@ class LiveServer:
                 self.proc.wait()
         self.proc = None
 
+    def close(self) -> None:
+        """Stop for good, and remove the host firewall chains the server installed."""
+        self.stop()
+        for table, parent, chain in (
+            ("filter", "FORWARD", f"{self.prefix.upper()}-FORWARD"),
+            ("nat", "POSTROUTING", f"{self.prefix.upper()}-POSTROUTING"),
+        ):
+            for args in (["-D", parent, "-j", chain], ["-F", chain], ["-X", chain]):
+                subprocess.run(["iptables", "-t", table, *args], capture_output=True, check=False)
+
+    def resources(self) -> HostResources:
+        return HostResources.measure(self.home, self.prefix)
+
     def log_tail(self, limit: int = 4000) -> str:
         try:
             return (self.home / "server.log").read_text(errors="replace")[-limit:]
@@ -107,7 +133,7 @@ class HostResources:
     mounts: int
 
     @classmethod
-    def measure(cls, home: Path, prefix: str = TEST_PREFIX) -> HostResources:
+    def measure(cls, home: Path, prefix: str) -> HostResources:
         sandboxes = home / "sandboxes"
         vmms = 0
         for entry in Path("/proc").iterdir():

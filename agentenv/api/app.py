@@ -93,4 +93,4 @@ def create_app(cfg: Config) -> Any:
         manager: SandboxManager | None = getattr(api.state, "manager", None)
         return manager.route(sandbox_id) if manager else None
 
-    return SandboxProxy(api, resolve)
+    return SandboxProxy(api, resolve, cfg.server.domain)

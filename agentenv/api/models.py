@@ -90,6 +90,18 @@ class SandboxDetail(ListedSandbox):
     lifecycle: Lifecycle | None = None
 
 
+class SandboxMetric(BaseModel):
+    timestamp: datetime
+    timestampUnix: int
+    cpuCount: int
+    cpuUsedPct: float
+    memUsed: int
+    memTotal: int
+    memCache: int
+    diskUsed: int
+    diskTotal: int
+
+
 class ErrorBody(BaseModel):
     code: int
     message: str

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import parse_qsl, unquote
 
@@ -24,6 +24,7 @@ from .models import (
     RefreshBody,
     Sandbox,
     SandboxDetail,
+    SandboxMetric,
     TimeoutBody,
 )
 
@@ -239,3 +240,29 @@ async def resume_sandbox(
     if record.state != State.PAUSED:
         raise Conflict(f"sandbox '{sandbox_id}' is not paused")
     return (await _connect(request, response, sandbox_id, body))[0]
+
+
+@router.get("/sandboxes/{sandbox_id}/metrics")
+async def sandbox_metrics(
+    request: Request, sandbox_id: str, start: int | None = None, end: int | None = None
+) -> list[SandboxMetric]:
+    """The current sample (no history is kept yet), if it falls in [start, end]."""
+    sample = await _manager(request).metrics(sandbox_id)
+    if sample is None:
+        return []
+    ts = int(sample["ts"])
+    if (start is not None and ts < start) or (end is not None and ts > end):
+        return []
+    return [
+        SandboxMetric(
+            timestamp=datetime.fromtimestamp(ts, UTC),
+            timestampUnix=ts,
+            cpuCount=sample["cpu_count"],
+            cpuUsedPct=sample["cpu_used_pct"],
+            memUsed=sample["mem_used"],
+            memTotal=sample["mem_total"],
+            memCache=sample.get("mem_cache", 0),
+            diskUsed=sample["disk_used"],
+            diskTotal=sample["disk_total"],
+        )
+    ]

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 
 
 class AgentClient:
     """Talks to one guest agent at `base_url` (reached through the sandbox's namespace)."""
 
-    def __init__(self, base_url: str, timeout: float = 5.0) -> None:
+    def __init__(
+        self, base_url: str, access_token: str | None = None, timeout: float = 5.0
+    ) -> None:
         self._base_url = base_url
+        self._headers = {"X-Access-Token": access_token} if access_token else {}
         self._timeout = timeout
 
     async def healthy(self) -> bool:
@@ -26,3 +31,12 @@ class AgentClient:
         async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
             response = await client.post("/init", json=body)
             response.raise_for_status()
+
+    async def metrics(self) -> dict[str, Any]:
+        """The agent's current CPU, memory and disk figures."""
+        async with httpx.AsyncClient(
+            base_url=self._base_url, headers=self._headers, timeout=self._timeout
+        ) as client:
+            response = await client.get("/metrics")
+            response.raise_for_status()
+            return response.json()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -10,7 +11,9 @@ from typing import Any
 
 import httpx
 
-from ..runtime.manager import AGENT_PORT, Route
+from ..runtime.manager import Route
+from .target import BadTarget, Target, find_target
+from .websocket import bridge_websocket
 
 log = logging.getLogger(__name__)
 
@@ -43,46 +46,53 @@ async def _send_error(send: Send, status: int, message: str) -> None:
 class SandboxProxy:
     """ASGI middleware in front of the API: routes sandbox traffic, passes the rest on."""
 
-    def __init__(self, app: Any, resolve: Callable[[str], Route | None]) -> None:
+    def __init__(self, app: Any, resolve: Callable[[str], Route | None], domain: str = "") -> None:
         self.app = app
         self._resolve = resolve
+        self._domain = domain
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0),
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        sandbox_id = headers.get(b"e2b-sandbox-id")
-        if sandbox_id is None:
+        raw_path = (scope.get("raw_path") or scope["path"].encode()).decode()
+        if scope.get("query_string"):
+            raw_path += "?" + scope["query_string"].decode()
+        try:
+            target = find_target(headers, raw_path, self._domain)
+        except BadTarget as exc:
+            await _refuse(scope, send, 400, str(exc))
+            return
+        if target is None:
             await self.app(scope, receive, send)
             return
-        await self._forward(scope, receive, send, sandbox_id.decode(), headers)
-
-    async def _forward(
-        self, scope: Scope, receive: Receive, send: Send, sandbox_id: str, headers: dict
-    ) -> None:
-        route = self._resolve(sandbox_id)
+        route = self._resolve(target.sandbox_id)
         if route is None:
-            await _send_error(send, 502, f"The sandbox {sandbox_id} was not found")
-            return
-        try:
-            port = int(headers.get(b"e2b-sandbox-port", str(AGENT_PORT).encode()))
-            if not 0 < port < 65536:
-                raise ValueError
-        except ValueError:
-            await _send_error(send, 400, "E2b-Sandbox-Port must be a TCP port number")
+            await _refuse(scope, send, 502, f"The sandbox {target.sandbox_id} was not found")
             return
         if route.access_token and not _token_ok(scope, headers, route.access_token):
-            await _send_error(send, 401, "missing or invalid X-Access-Token for this sandbox")
+            await _refuse(scope, send, 401, "missing or invalid X-Access-Token for this sandbox")
             return
-        path = scope.get("raw_path") or scope["path"].encode()
-        url = f"http://{route.host}:{port}{path.decode()}"
-        if scope.get("query_string"):
-            url += "?" + scope["query_string"].decode()
+        if scope["type"] == "websocket":
+            await bridge_websocket(scope, receive, send, f"{route.host}:{target.port}", target.path)
+        else:
+            await self._forward(scope, receive, send, target, route, headers)
+
+    async def _forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        target: Target,
+        route: Route,
+        headers: dict,
+    ) -> None:
+        url = f"http://{route.host}:{target.port}{target.path}"
         forward_headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _DROP_REQUEST]
         has_body = b"content-length" in headers or b"transfer-encoding" in headers
         if b"content-length" in headers:
@@ -96,8 +106,26 @@ class SandboxProxy:
         try:
             upstream = await self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            await _send_error(send, 502, f"port {port} is not open in sandbox {sandbox_id}: {exc}")
+            message = f"port {target.port} is not open in sandbox {target.sandbox_id}: {exc}"
+            await _send_error(send, 502, message)
             return
+        # The request body is sent by now. A client that goes away mid-stream (an aborted
+        # WatchDir or command stream) must end the upstream stream too: the server's `send`
+        # drops data silently after a disconnect, so without this the copy would wait on the
+        # guest forever (and, once the sandbox is gone, on a dead address with no timeout).
+        relay = asyncio.ensure_future(self._relay(send, upstream, target))
+        gone = asyncio.ensure_future(_client_gone(receive))
+        try:
+            await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            relay.cancel()
+            gone.cancel()
+            await asyncio.gather(relay, gone, return_exceptions=True)
+            await upstream.aclose()
+        if relay.done() and not relay.cancelled() and relay.exception() is not None:
+            raise relay.exception()
+
+    async def _relay(self, send: Send, upstream: httpx.Response, target: Target) -> None:
         try:
             await send({
                 "type": "http.response.start",
@@ -110,12 +138,18 @@ class SandboxProxy:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
         except httpx.HTTPError as exc:
-            log.warning("proxy stream from %s broke: %s", sandbox_id, exc)
-        finally:
-            await upstream.aclose()
+            log.warning("proxy stream from %s broke: %s", target.sandbox_id, exc)
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
+    if scope["type"] == "websocket":
+        # Closing before accepting makes the server answer the upgrade with 403.
+        await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+    else:
+        await _send_error(send, status, message)
 
 
 def _token_ok(scope: Scope, headers: dict, token: str) -> bool:
@@ -123,7 +157,12 @@ def _token_ok(scope: Scope, headers: dict, token: str) -> bool:
     if hmac.compare_digest(given, token.encode()):
         return True
     # Signed /files URLs carry no header; the agent verifies their signature itself.
-    return scope["path"] == "/files" and b"signature=" in scope.get("query_string", b"")
+    return scope["path"].endswith("/files") and b"signature=" in scope.get("query_string", b"")
+
+
+async def _client_gone(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _request_body(receive: Receive) -> AsyncIterator[bytes]:

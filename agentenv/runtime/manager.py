@@ -11,6 +11,9 @@ import string
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from ..config import Config
 from ..control.store import SandboxRecord, SandboxStore
@@ -101,7 +104,9 @@ class SandboxManager:
         return Route(self.network_plan(record).ns_ip, record.access_token)
 
     def _agent(self, record: SandboxRecord) -> AgentClient:
-        return AgentClient(f"http://{self.network_plan(record).ns_ip}:{AGENT_PORT}")
+        return AgentClient(
+            f"http://{self.network_plan(record).ns_ip}:{AGENT_PORT}", record.access_token
+        )
 
     async def _transition(self, record: SandboxRecord, event: Event) -> None:
         record.state = next_state(State(record.state), event)
@@ -122,6 +127,16 @@ class SandboxManager:
 
     async def list(self) -> list[SandboxRecord]:
         return [r for r in await self.store.list() if r.state != State.KILLING]
+
+    async def metrics(self, sandbox_id: str) -> dict[str, Any] | None:
+        """The guest's current resource figures; None while it is paused."""
+        record = await self.get(sandbox_id)
+        if record.state != State.RUNNING:
+            return None
+        try:
+            return await self._agent(record).metrics()
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"sandbox '{sandbox_id}' did not report metrics: {exc}") from exc
 
     def route(self, sandbox_id: str) -> Route | None:
         return self._routes.get(sandbox_id)

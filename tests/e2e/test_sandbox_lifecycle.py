@@ -59,7 +59,7 @@ def kill(server: LiveServer, sandbox_id: str) -> None:
 
 
 def test_create_exec_files_delete(server: LiveServer) -> None:
-    before = HostResources.measure(server.home)
+    before = server.resources()
     sandbox = create(server, envVars={"GREETING": "hello"}, metadata={"suite": "core"})
     sid = sandbox["sandboxID"]
     assert sandbox["templateID"] == "base"
@@ -102,16 +102,16 @@ def test_create_exec_files_delete(server: LiveServer) -> None:
         proxied = EnvdClient(server.url, sid)._http.get("/health")
         assert proxied.status_code == 502
         assert "was not found" in proxied.json()["message"]
-    assert HostResources.measure(server.home) == before
+    assert server.resources() == before
 
 
 def test_timeout_expiry_kills(server: LiveServer) -> None:
-    before = HostResources.measure(server.home)
+    before = server.resources()
     sandbox = create(server, timeout=2)
     sid = sandbox["sandboxID"]
     with server.client() as api:
         assert wait_for(lambda: api.get(f"/sandboxes/{sid}").status_code == 404, timeout=30)
-    assert wait_for(lambda: HostResources.measure(server.home) == before, timeout=10)
+    assert wait_for(lambda: server.resources() == before, timeout=10)
 
 
 def test_set_timeout_and_refresh(server: LiveServer) -> None:
@@ -169,7 +169,7 @@ def test_restart_readopts_live_sandbox(fresh_server: LiveServer) -> None:
         assert api.get(f"/sandboxes/{sid}").json()["state"] == "running"
     assert run(fresh_server, sandbox, "cat /home/user/mark")[0] == "kept\n"
     kill(fresh_server, sid)
-    assert HostResources.measure(fresh_server.home) == HostResources(0, 0, 0, 0, 0)
+    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0)
 
 
 def test_restart_cleans_up_dead_sandboxes(fresh_server: LiveServer) -> None:
@@ -181,15 +181,15 @@ def test_restart_cleans_up_dead_sandboxes(fresh_server: LiveServer) -> None:
     fresh_server.start()
     with fresh_server.client() as api:
         assert api.get(f"/sandboxes/{sandbox['sandboxID']}").status_code == 404
-    assert HostResources.measure(fresh_server.home) == HostResources(0, 0, 0, 0, 0)
+    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0)
 
 
 def test_twenty_cycles_return_to_baseline(server: LiveServer) -> None:
-    before = HostResources.measure(server.home)
+    before = server.resources()
     for _ in range(20):
         sandbox = create(server)
         kill(server, sandbox["sandboxID"])
-    assert HostResources.measure(server.home) == before
+    assert server.resources() == before
 
 
 @pytest.mark.parametrize(
@@ -203,14 +203,14 @@ def test_twenty_cycles_return_to_baseline(server: LiveServer) -> None:
     ],
 )
 def test_bad_create_requests(server: LiveServer, body: dict, status: int, text: str) -> None:
-    before = HostResources.measure(server.home)
+    before = server.resources()
     with server.client() as api:
         response = api.post("/v2/sandboxes", json=body)
     assert response.status_code == status
     error = response.json()
     assert error["code"] == status
     assert text in error["message"]
-    assert HostResources.measure(server.home) == before
+    assert server.resources() == before
 
 
 def test_malformed_json_and_auth(server: LiveServer) -> None:
@@ -238,7 +238,7 @@ def test_not_enough_memory_is_503_and_leaves_nothing(fresh_server: LiveServer) -
         assert response.status_code == 503
         assert "not enough host memory" in response.json()["message"]
         assert api.get("/v2/sandboxes").json() == []
-    assert HostResources.measure(fresh_server.home) == HostResources(0, 0, 0, 0, 0)
+    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0)
 
 
 def test_pause_and_connect_resume_where_it_stopped(server: LiveServer) -> None:

@@ -92,7 +92,8 @@ class CpuSampler:
         return round(100.0 * (d_total - d_idle) / d_total, 2) if d_total > 0 else 0.0
 
 
-def _meminfo() -> tuple[int, int]:
+def _meminfo() -> tuple[int, int, int]:
+    """Total, used and page-cache bytes of guest memory."""
     values: dict[str, int] = {}
     try:
         with open("/proc/meminfo") as fh:
@@ -100,9 +101,10 @@ def _meminfo() -> tuple[int, int]:
                 key, _, rest = line.partition(":")
                 values[key] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
-        return 0, 0
+        return 0, 0, 0
     total = values.get("MemTotal", 0)
-    return total, total - values.get("MemAvailable", values.get("MemFree", 0))
+    used = total - values.get("MemAvailable", values.get("MemFree", 0))
+    return total, used, values.get("Cached", 0)
 
 
 CPU_KEY = app_key("aenv_cpu", CpuSampler)
@@ -111,7 +113,7 @@ CPU_KEY = app_key("aenv_cpu", CpuSampler)
 async def metrics(request: web.Request) -> web.Response:
     state = get_state(request)
     sampler: CpuSampler = request.app[CPU_KEY]
-    mem_total, mem_used = _meminfo()
+    mem_total, mem_used, mem_cache = _meminfo()
     vfs = os.statvfs(state.rootfs.root)
     return json_response(
         {
@@ -120,6 +122,7 @@ async def metrics(request: web.Request) -> web.Response:
             "cpu_used_pct": await sampler.percent(),
             "mem_total": mem_total,
             "mem_used": mem_used,
+            "mem_cache": mem_cache,
             "disk_used": (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize,
             "disk_total": vfs.f_blocks * vfs.f_frsize,
         }

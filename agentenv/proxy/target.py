@@ -1,0 +1,48 @@
+"""Which sandbox port a request is for: by header, by host name, or by `/proxy/` path."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..runtime.manager import AGENT_PORT
+
+_PROXY_PATH = re.compile(r"^/proxy/([a-z0-9]+)/(\d+)(/.*)?$")
+
+
+@dataclass(frozen=True)
+class Target:
+    sandbox_id: str
+    port: int
+    # The path (and query) the guest sees: `/proxy/<id>/<port>` is removed.
+    path: str
+
+
+class BadTarget(ValueError):
+    """The request names a sandbox but not a usable port."""
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise BadTarget(f"{value!r} is not a TCP port number")
+    return int(value)
+
+
+def find_target(headers: dict[bytes, bytes], raw_path: str, domain: str) -> Target | None:
+    """Header `E2b-Sandbox-Id` wins, then host `{port}-{id}.{domain}`, then the path form."""
+    sandbox_id = headers.get(b"e2b-sandbox-id")
+    if sandbox_id is not None:
+        port = headers.get(b"e2b-sandbox-port", str(AGENT_PORT).encode()).decode()
+        return Target(sandbox_id.decode(), _port(port), raw_path)
+    host = headers.get(b"host", b"").decode().rsplit(":", 1)[0].lower()
+    if domain and host.endswith("." + domain.lower()):
+        label = host[: -len(domain) - 1]
+        port, sep, sandbox_id_text = label.partition("-")
+        if sep and sandbox_id_text and "." not in label:
+            return Target(sandbox_id_text, _port(port), raw_path)
+    match = _PROXY_PATH.match(raw_path.split("?", 1)[0])
+    if match:
+        rest = match.group(3) or "/"
+        query = raw_path.partition("?")[2]
+        return Target(match.group(1), _port(match.group(2)), rest + ("?" + query if query else ""))
+    return None

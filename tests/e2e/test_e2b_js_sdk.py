@@ -1,0 +1,138 @@
+"""The unmodified `e2b` TypeScript SDK (npm, run by Node) against a live server.
+
+Each scenario of `js/sdk_scenarios.mjs` runs in its own `node` process, configured only by
+the environment variables the SDK reads, and prints one JSON line with what it observed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ..live import TEST_KEY, LiveServer
+
+pytestmark = pytest.mark.vm
+
+JS_DIR = Path(__file__).with_name("js")
+SCENARIO_TIMEOUT = 180
+
+
+@pytest.fixture(scope="module")
+def node_sdk() -> str:
+    """The `node` binary, with the pinned SDK installed from the lockfile when missing."""
+    node = shutil.which("node")
+    npm = shutil.which("npm")
+    if node is None or npm is None:
+        pytest.fail("the TypeScript SDK tests need `node` and `npm` on PATH (Node 20 or newer)")
+    if not (JS_DIR / "node_modules" / "e2b" / "package.json").exists():
+        installed = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=JS_DIR,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if installed.returncode != 0:
+            pytest.fail(f"npm ci failed in {JS_DIR}:\n{installed.stdout}\n{installed.stderr}")
+    return node
+
+
+def run_scenario(node: str, server: LiveServer, scenario: str) -> dict:
+    env = {
+        **os.environ,
+        "E2B_API_URL": server.url,
+        "E2B_SANDBOX_URL": server.url,
+        "E2B_API_KEY": TEST_KEY,
+    }
+    env.pop("E2B_DEBUG", None)
+    env.pop("E2B_DOMAIN", None)
+    try:
+        done = subprocess.run(
+            [node, "sdk_scenarios.mjs", scenario],
+            cwd=JS_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SCENARIO_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{scenario} did not finish in {SCENARIO_TIMEOUT}s; stderr:\n{exc.stderr}")
+    assert done.returncode == 0, (
+        f"{scenario} exited {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+        f"\nserver log:\n{server.log_tail()}"
+    )
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"{scenario} printed nothing; stderr:\n{done.stderr}"
+    report = json.loads(lines[-1])
+    assert report["scenario"] == scenario
+    assert report["ok"] is True
+    return report["results"]
+
+
+def check_commands(r: dict) -> None:
+    assert r["basic"] == {"stdout": "hi\n", "stderr": "oops\n", "exitCode": 0}
+    assert r["exitError"] == {"exitCode": 4, "stdout": "partial\n"}
+    assert (r["envs"], r["cwd"]) == ("yes 1\n", "/tmp\n")
+    assert (r["root"], r["defaultUser"]) == ("root\n", "user\n")
+    assert r["bigLength"] == 1048576
+    assert r["timeout"]["name"] == "TimeoutError"
+    assert "".join(r["chunks"]) == "1\n2\n3\n"
+    assert "".join(r["stderrChunks"]) == "e1\ne2\n"
+
+
+def check_background(r: dict) -> None:
+    assert (r["listed"], r["killMissing"], r["handleKill"]) == (True, False, True)
+    assert (r["stdin"], r["closeStdin"]) == ("got ping\n", "abc\ndone\n")
+    assert r["connected"] == "tick\n"
+    assert r["missingPidErrors"] is True
+
+
+def check_pty(r: dict) -> None:
+    assert (r["sawNewSize"], r["exitCode"], r["ptyKill"]) == (True, 0, True)
+
+
+def check_files(r: dict) -> None:
+    assert r["writePath"] == "/home/user/notes/hello.txt"
+    assert r["bytes"] == [0, 1, 255]
+    assert r["otherFormats"] is True
+    assert r["listed"] == ["a.txt", "b.txt"]
+    assert r["getInfo"] == {"name": "a.txt", "size": 1, "type": "file"}
+    assert "new.txt" in r["watched"]
+    assert r["missingPathErrors"] is True
+
+
+def check_lifecycle(r: dict) -> None:
+    assert [s["id"] for s in r["listedRunning"]] == [r["sandboxId"]]
+    assert r["info"]["state"] == "running"
+    assert r["info"]["metadata"]["sdk"] == "js"
+    assert 60 < r["timeoutRemaining"] <= 130
+    assert r["listedPaused"] == ["paused"]
+    assert r["resumed"] == "resumed\nbefore\n"
+    assert r["killed"] is True
+
+
+def check_not_found(r: dict) -> None:
+    # SandboxNotFoundError is the SDK's NotFoundError subclass for sandboxes.
+    assert r["connectError"] == r["getInfoError"] == "SandboxNotFoundError"
+    assert r["killMissing"] is False
+    assert r["badTemplateError"]
+
+
+CHECKS = {
+    "commands": check_commands,
+    "background": check_background,
+    "pty": check_pty,
+    "files": check_files,
+    "lifecycle": check_lifecycle,
+    "not_found": check_not_found,
+}
+
+
+@pytest.mark.parametrize("scenario", list(CHECKS))
+def test_js_sdk(scenario: str, node_sdk: str, server: LiveServer) -> None:
+    CHECKS[scenario](run_scenario(node_sdk, server, scenario))
