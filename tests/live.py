@@ -99,7 +99,12 @@ class LiveServer:
         self.proc = None
 
     def close(self) -> None:
-        """Stop for good, and remove the host firewall chains the server installed."""
+        """Kill what tests left, stop for good, and remove the server's host firewall chains."""
+        if self.proc and self.proc.poll() is None:
+            # VMs outlive the server by design; a failed test must not leave them running.
+            with self.client() as api:
+                for sandbox in api.get("/v2/sandboxes").json():
+                    api.delete(f"/sandboxes/{sandbox['sandboxID']}")
         self.stop()
         for table, parent, chain in (
             ("filter", "FORWARD", f"{self.prefix.upper()}-FORWARD"),
