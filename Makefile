@@ -4,13 +4,14 @@ PY := /usr/bin/python3
 VENV := .venv
 BIN := $(VENV)/bin
 APT_PACKAGES := python3-venv python3-dev qemu-system-x86 qemu-utils busybox-static debootstrap \
-	iptables iproute2 e2fsprogs cpio kmod zstd util-linux procps tmux ca-certificates
+	iptables iproute2 e2fsprogs cpio kmod zstd util-linux procps tmux ca-certificates docker-registry apache2-utils libfuse3-dev fuse3 pkg-config
 STAMP := $(VENV)/.installed
 
 .PHONY: run test quick-test bench lint format system-deps venv kit clean
 
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 

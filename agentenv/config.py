@@ -74,6 +74,34 @@ class KitConfig:
 
 
 @dataclass
+class StorageConfig:
+    # Where layers and chunks live durably: "posix" (a directory, possibly shared) or "s3".
+    backend: str = "posix"
+    # Empty means <home>/objects.
+    posix_root: str = ""
+    s3_bucket: str = ""
+    # Empty means AWS; set it for MinIO, Ceph or another S3-compatible service.
+    s3_endpoint: str = ""
+    s3_region: str = "us-east-1"
+    # Many self-hosted services only answer path-style URLs (endpoint/bucket/key).
+    s3_path_style: bool = False
+    # Empty: boto3's usual chain (environment, shared files, instance role).
+    s3_access_key: str = ""
+    s3_secret_key: str = ""
+    s3_prefix: str = ""
+
+
+@dataclass
+class CacheConfig:
+    # Bound on the local chunk cache; eviction runs from high_water down to low_water.
+    max_bytes: int = 10 * 2**30
+    high_water: float = 0.9
+    low_water: float = 0.7
+    # Empty means <home>/cache.
+    dir: str = ""
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -81,6 +109,8 @@ class Config:
     vmm: VmmConfig = field(default_factory=VmmConfig)
     net: NetConfig = field(default_factory=NetConfig)
     kit: KitConfig = field(default_factory=KitConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
     @property
     def home(self) -> Path:
@@ -93,6 +123,15 @@ class Config:
     @property
     def images_dir(self) -> Path:
         return Path(self.paths.images_dir) if self.paths.images_dir else self.home / "images"
+
+    @property
+    def objects_dir(self) -> Path:
+        """Root of the posix object store."""
+        return Path(self.storage.posix_root) if self.storage.posix_root else self.home / "objects"
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.cache.dir) if self.cache.dir else self.home / "cache"
 
     @property
     def sandboxes_dir(self) -> Path:

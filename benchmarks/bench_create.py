@@ -13,7 +13,6 @@ import argparse
 import base64
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ from agentenv.guest.kit import build_kit
 from agentenv.images.base import build_base_template
 from tests.live import LiveServer
 from tests.rawvm import RawVm
+
+from .harness import live_server
 
 
 def _summary(name: str, samples: list[float], **extra: object) -> dict:
@@ -105,26 +106,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--idle", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="aenv-bench-") as tmp:
-        home = Path(tmp)
-        server = LiveServer(home)
-        server.start()
-        try:
-            ours, raw = [], []
-            # Interleaved, so both paths see the same background load.
-            for _ in range(args.runs):
-                ours.append(create_to_first_output(server))
-                raw.append(raw_boot_to_health(home))
-            print(json.dumps(_summary("create_to_first_output", ours)))
-            print(json.dumps(_summary("raw_qemu_boot_to_agent_health", raw)))
-            ratio = statistics.median(ours) / statistics.median(raw)
-            print(json.dumps({"bench": "create_vs_raw_ratio", "p50_ratio": round(ratio, 2)}))
-            print(json.dumps(idle_rss(server, args.idle, settle_s=10)))
-        except Exception:
-            print(server.log_tail(), file=sys.stderr)
-            raise
-        finally:
-            server.close()
+    with live_server() as server:
+        ours, raw = [], []
+        # Interleaved, so both paths see the same background load.
+        for _ in range(args.runs):
+            ours.append(create_to_first_output(server))
+            raw.append(raw_boot_to_health(server.home))
+        print(json.dumps(_summary("create_to_first_output", ours)))
+        print(json.dumps(_summary("raw_qemu_boot_to_agent_health", raw)))
+        ratio = statistics.median(ours) / statistics.median(raw)
+        print(json.dumps({"bench": "create_vs_raw_ratio", "p50_ratio": round(ratio, 2)}))
+        print(json.dumps(idle_rss(server, args.idle, settle_s=10)))
 
 
 if __name__ == "__main__":

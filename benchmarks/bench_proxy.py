@@ -12,10 +12,7 @@ import asyncio
 import json
 import os
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
 from e2b import Sandbox
@@ -23,6 +20,8 @@ from e2b import Sandbox
 from agentenv.control.store import SqliteSandboxStore
 from agentenv.net.netns import plan_network
 from tests.live import TEST_KEY, LiveServer
+
+from .harness import live_server
 
 
 def agent_url(server: LiveServer, sandbox_id: str) -> str:
@@ -80,48 +79,40 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--mib", type=int, default=64)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="aenv-bench-") as tmp:
-        server = LiveServer(Path(tmp))
-        server.start()
-        try:
-            opts = {"api_url": server.url, "api_key": TEST_KEY}
-            via_proxy = Sandbox.create(sandbox_url=server.url, **opts)
-            direct_url = agent_url(server, via_proxy.sandbox_id)
-            direct = Sandbox.connect(via_proxy.sandbox_id, sandbox_url=direct_url, **opts)
-            proxied_s, direct_s = [], []
-            round_trips(via_proxy, 3)  # warm both paths' connections
-            round_trips(direct, 3)
-            for _ in range(args.runs // 5):
-                proxied_s += round_trips(via_proxy, 5)
-                direct_s += round_trips(direct, 5)
-            p50_proxy, p50_direct = statistics.median(proxied_s), statistics.median(direct_s)
-            print(json.dumps({
-                "bench": "commands_run_true",
-                "runs": len(proxied_s),
-                "proxy_p50_ms": round(p50_proxy * 1000, 1),
-                "direct_p50_ms": round(p50_direct * 1000, 1),
-                "proxy_over_direct": round(p50_proxy / p50_direct, 2),
-            }))  # fmt: skip
-            size = args.mib * 2**20
-            sid_header = {"E2b-Sandbox-Id": via_proxy.sandbox_id}
-            up_p, down_p = transfer(server.url, sid_header, size)
-            up_d, down_d = transfer(direct_url, {}, size)
-            print(json.dumps({
-                "bench": "files_throughput",
-                "mib": args.mib,
-                "upload_proxy_mib_s": round(up_p, 1),
-                "upload_direct_mib_s": round(up_d, 1),
-                "download_proxy_mib_s": round(down_p, 1),
-                "download_direct_mib_s": round(down_d, 1),
-                "upload_proxy_over_direct": round(up_p / up_d, 2),
-                "download_proxy_over_direct": round(down_p / down_d, 2),
-            }))  # fmt: skip
-            via_proxy.kill()
-        except Exception:
-            print(server.log_tail(), file=sys.stderr)
-            raise
-        finally:
-            server.close()
+    with live_server() as server:
+        opts = {"api_url": server.url, "api_key": TEST_KEY}
+        via_proxy = Sandbox.create(sandbox_url=server.url, **opts)
+        direct_url = agent_url(server, via_proxy.sandbox_id)
+        direct = Sandbox.connect(via_proxy.sandbox_id, sandbox_url=direct_url, **opts)
+        proxied_s, direct_s = [], []
+        round_trips(via_proxy, 3)  # warm both paths' connections
+        round_trips(direct, 3)
+        for _ in range(args.runs // 5):
+            proxied_s += round_trips(via_proxy, 5)
+            direct_s += round_trips(direct, 5)
+        p50_proxy, p50_direct = statistics.median(proxied_s), statistics.median(direct_s)
+        print(json.dumps({
+            "bench": "commands_run_true",
+            "runs": len(proxied_s),
+            "proxy_p50_ms": round(p50_proxy * 1000, 1),
+            "direct_p50_ms": round(p50_direct * 1000, 1),
+            "proxy_over_direct": round(p50_proxy / p50_direct, 2),
+        }))  # fmt: skip
+        size = args.mib * 2**20
+        sid_header = {"E2b-Sandbox-Id": via_proxy.sandbox_id}
+        up_p, down_p = transfer(server.url, sid_header, size)
+        up_d, down_d = transfer(direct_url, {}, size)
+        print(json.dumps({
+            "bench": "files_throughput",
+            "mib": args.mib,
+            "upload_proxy_mib_s": round(up_p, 1),
+            "upload_direct_mib_s": round(up_d, 1),
+            "download_proxy_mib_s": round(down_p, 1),
+            "download_direct_mib_s": round(down_d, 1),
+            "upload_proxy_over_direct": round(up_p / up_d, 2),
+            "download_proxy_over_direct": round(down_p / down_d, 2),
+        }))  # fmt: skip
+        via_proxy.kill()
 
 
 if __name__ == "__main__":

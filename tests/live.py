@@ -102,7 +102,7 @@ class LiveServer:
         """Kill what tests left, stop for good, and remove the server's host firewall chains."""
         if self.proc and self.proc.poll() is None:
             # VMs outlive the server by design; a failed test must not leave them running.
-            with self.client() as api:
+            with self.client(key=self.api_key) as api:
                 for sandbox in api.get("/v2/sandboxes").json():
                     api.delete(f"/sandboxes/{sandbox['sandboxID']}")
         self.stop()
@@ -112,6 +112,13 @@ class LiveServer:
         ):
             for args in (["-D", parent, "-j", chain], ["-F", chain], ["-X", chain]):
                 subprocess.run(["iptables", "-t", table, *args], capture_output=True, check=False)
+
+    @property
+    def api_key(self) -> str:
+        """The key the server accepts: ours, or the one it generated when given none."""
+        if self.env["AENV_API_KEY"]:
+            return self.env["AENV_API_KEY"]
+        return (self.home / "secrets" / "api-key").read_text().strip()
 
     def resources(self) -> HostResources:
         return HostResources.measure(self.home, self.prefix)

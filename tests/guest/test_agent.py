@@ -175,7 +175,7 @@ async def test_health_envs_metrics(client: httpx.AsyncClient) -> None:
     assert r.status_code == 204
     assert (await client.get("/envs")).json()["FROM_INIT"] == "yes"
     m = (await client.get("/metrics")).json()
-    assert set(m) == {"ts", "cpu_count", "cpu_used_pct", "mem_total", "mem_used"} | {
+    assert set(m) == {"ts", "cpu_count", "cpu_used_pct", "mem_total", "mem_used", "mem_cache"} | {
         "disk_used",
         "disk_total",
     }
