@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from ..errors import Conflict
+
 
 class State(StrEnum):
     CREATING = "creating"
@@ -49,8 +51,8 @@ PUBLIC_STATE: dict[State, str] = {
 }
 
 
-class TransitionError(RuntimeError):
-    """An event that the sandbox's current state does not allow."""
+class TransitionError(Conflict):
+    """An event that the sandbox's current state does not allow (HTTP 409)."""
 
     def __init__(self, state: State, event: Event) -> None:
         super().__init__(f"cannot {event.value} a sandbox that is {state.value}")

@@ -253,10 +253,9 @@ class SandboxManager:
     # -- changes ---------------------------------------------------------------------
 
     async def kill(self, sandbox_id: str) -> None:
-        record = await self.get(sandbox_id)
         async with self._lock(sandbox_id):
-            if record.state == State.CREATING:
-                raise Conflict(f"sandbox '{sandbox_id}' is still starting")
+            # Read under the lock: a concurrent change must not be acted on twice.
+            record = await self.get(sandbox_id)
             await self._transition(record, Event.KILL)
             self._routes.pop(sandbox_id, None)
             await self.teardown(record)
@@ -292,12 +291,8 @@ class SandboxManager:
 
     async def pause(self, sandbox_id: str) -> None:
         """Freeze the guest and save its device state; it uses no CPU until resumed."""
-        record = await self.get(sandbox_id)
         async with self._lock(sandbox_id):
-            if record.state == State.PAUSED:
-                raise Conflict(f"sandbox '{sandbox_id}' is already paused")
-            if record.state != State.RUNNING:
-                raise Conflict(f"sandbox '{sandbox_id}' is {record.state}")
+            record = await self.get(sandbox_id)
             await self._transition(record, Event.PAUSE)
             self._routes.pop(sandbox_id, None)
             try:
@@ -313,16 +308,14 @@ class SandboxManager:
 
     async def connect(self, sandbox_id: str, timeout: int) -> tuple[SandboxRecord, bool]:
         """Resume a paused sandbox (True) or keep a running one (False); extends its life."""
-        record = await self.get(sandbox_id)
         wanted_end = now() + timedelta(seconds=self._clamp_timeout(timeout))
         async with self._lock(sandbox_id):
+            record = await self.get(sandbox_id)
             if record.state == State.RUNNING:
                 if wanted_end > record.end_at:
                     record.end_at = wanted_end
                     await self.store.update(sandbox_id, end_at=wanted_end)
                 return record, False
-            if record.state != State.PAUSED:
-                raise Conflict(f"sandbox '{sandbox_id}' is {record.state}")
             await self._transition(record, Event.RESUME)
             try:
                 assert record.vm is not None

@@ -1,0 +1,81 @@
+"""Pulled templates: their records live in the object store, so every node sees them."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from ..errors import InvalidInput, NotFound
+from ..storage.objectstore import ObjectNotFound, ObjectStore
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+
+
+def validate_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise InvalidInput(
+            f"template name {name!r} must be 1-63 of a-z, 0-9, '.', '_', '-' and start with "
+            "a letter or digit"
+        )
+    return name
+
+
+@dataclass
+class TemplateRecord:
+    """A template made from an OCI image: its block layers and the config a sandbox honours."""
+
+    template_id: str
+    source: str
+    digest: str
+    layers: list[str]
+    size: int
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = ""
+    user: str = ""
+    entrypoint: list[str] | None = None
+    cmd: list[str] | None = None
+    created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> TemplateRecord:
+        return cls(**json.loads(data))
+
+
+def _key(template_id: str) -> str:
+    return f"templates/{template_id}.json"
+
+
+class TemplateRegistry:
+    """Template records by name; blocking, like the object store under it."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self._store = store
+
+    def save(self, record: TemplateRecord) -> None:
+        self._store.put(_key(validate_name(record.template_id)), record.to_json())
+
+    def get(self, template_id: str) -> TemplateRecord:
+        try:
+            return TemplateRecord.from_json(self._store.get(_key(template_id)))
+        except ObjectNotFound:
+            raise NotFound(f"template '{template_id}' not found") from None
+
+    def find(self, template_id: str) -> TemplateRecord | None:
+        try:
+            return self.get(template_id)
+        except NotFound:
+            return None
+
+    def list(self) -> list[TemplateRecord]:
+        keys = self._store.list("templates/")
+        return [TemplateRecord.from_json(self._store.get(k)) for k in keys if k.endswith(".json")]
+
+    def delete(self, template_id: str) -> None:
+        """Forget the template; its layers stay, shared with other templates."""
+        self.get(template_id)
+        self._store.delete(_key(template_id))
