@@ -1,0 +1,123 @@
+"""Pull: an OCI image from a registry becomes block layers in the object store and a template.
+
+Layers already converted over the same parent (by this node or any other sharing the
+store) are neither downloaded nor converted again. Concurrent pulls of one image wait for
+the first and reuse its work.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from ..storage.layer import LayerIndex, Stack, chain_id
+from ..storage.objectstore import ObjectStore
+from .blobs import open_layer_stream
+from .convert import convert_layer, format_layer, load_layer, materialize
+from .reference import ImageRef, parse_reference
+from .registry import RegistryClient, ResolvedImage
+from .templates import TemplateRecord, TemplateRegistry, validate_name
+
+Progress = Callable[[str], None]
+
+
+def default_name(ref: ImageRef) -> str:
+    """`docker.io/library/ubuntu:22.04` → `ubuntu-22.04`."""
+    base = ref.repository.rsplit("/", 1)[-1]
+    suffix = ref.tag if not ref.digest else ref.digest.split(":", 1)[1][:12]
+    return validate_name(f"{base}-{suffix}".lower().replace("_", "-")[:63])
+
+
+class ImagePuller:
+    """Blocking; the server runs it in a worker thread."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        registry: RegistryClient,
+        templates: TemplateRegistry,
+        workdir: Path,
+        disk_size: int,
+    ) -> None:
+        self._store = store
+        self._registry = registry
+        self._templates = templates
+        self._workdir = workdir
+        self._disk_size = disk_size
+        self._guard = threading.Lock()
+        self._image_locks: dict[str, threading.Lock] = {}
+
+    def pull(
+        self, reference: str, name: str | None = None, progress: Progress = print
+    ) -> TemplateRecord:
+        ref = parse_reference(reference)
+        name = validate_name(name) if name else default_name(ref)
+        progress(f"resolving {ref}")
+        resolved = self._registry.resolve(ref)
+        with self._guard:
+            lock = self._image_locks.setdefault(resolved.digest, threading.Lock())
+        with lock:
+            existing = self._templates.find(name)
+            if existing is not None and existing.digest == resolved.digest:
+                progress(f"{name} is up to date ({resolved.digest})")
+                return existing
+            layers = self._convert(resolved, progress)
+            config = resolved.config
+            record = TemplateRecord(
+                template_id=name,
+                source=str(resolved.ref),
+                digest=resolved.digest,
+                layers=[layer.layer_id for layer in layers],
+                size=self._disk_size,
+                env=config.env_dict(),
+                workdir=config.working_dir,
+                user=config.user,
+                entrypoint=list(config.entrypoint) if config.entrypoint else None,
+                cmd=list(config.cmd) if config.cmd else None,
+            )
+            self._templates.save(record)
+            progress(f"template {name}: {len(layers)} block layers")
+            return record
+
+    def _convert(self, resolved: ResolvedImage, progress: Progress) -> list[LayerIndex]:
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="pull-", dir=self._workdir))
+        try:
+            layers = [format_layer(self._store, self._disk_size, workdir=work)]
+            # `image` holds the full disk of layers[-1] once something needed it.
+            image, held = work / "top.img", None
+            total = len(resolved.layers)
+            for n, (desc, diff_id) in enumerate(
+                zip(resolved.layers, resolved.diff_ids, strict=True), 1
+            ):
+                found = load_layer(self._store, chain_id(layers[-1].layer_id, diff_id))
+                if found is not None:
+                    progress(f"layer {n}/{total} {desc.digest[:19]}: already converted")
+                    layers.append(found)
+                    continue
+                if held != layers[-1].layer_id:
+                    materialize(Stack(layers), self._store, image)
+                blob = work / "blob"
+
+                label = f"layer {n}/{total} {desc.digest[:19]}"
+
+                def report(done: int, size: int, label: str = label) -> None:
+                    progress(f"{label}: {done}/{size} bytes")
+
+                self._registry.fetch_blob(resolved.ref, desc, blob, report)
+                nxt = work / "next.img"
+                with open_layer_stream(blob, desc.media_type) as stream:
+                    layer = convert_layer(
+                        self._store, image, layers[-1], stream, diff_id, work,
+                        result_image=nxt, progress=progress,
+                    )  # fmt: skip
+                blob.unlink()
+                nxt.replace(image)
+                held = layer.layer_id
+                layers.append(layer)
+            return layers
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
