@@ -102,6 +102,27 @@ class CacheConfig:
 
 
 @dataclass
+class RegistryConfig:
+    # Registries spoken to over plain HTTP besides loopback ones, comma-separated hosts.
+    insecure: str = ""
+    # Mirrors tried before a registry: "docker.io=https://m1,https://m2;ghcr.io=https://m3".
+    mirrors: str = ""
+    platform: str = "linux/amd64"
+
+    def insecure_hosts(self) -> list[str]:
+        return [h.strip() for h in self.insecure.split(",") if h.strip()]
+
+    def mirror_map(self) -> dict[str, list[str]]:
+        result: dict[str, list[str]] = {}
+        for entry in filter(None, (e.strip() for e in self.mirrors.split(";"))):
+            host, sep, urls = entry.partition("=")
+            if not sep or not host.strip():
+                raise ConfigError(f"registry.mirrors entry {entry!r} is not host=url[,url]")
+            result[host.strip()] = [u.strip() for u in urls.split(",") if u.strip()]
+        return result
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -111,6 +132,7 @@ class Config:
     kit: KitConfig = field(default_factory=KitConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
 
     @property
     def home(self) -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from agentenv.config import load_config
+from agentenv.storage.blockd import BlockdClient
 
 TEST_KEY = "e2b_" + "5" * 40
 AENV = str(Path(sys.executable).with_name("aenv"))
@@ -106,6 +107,8 @@ class LiveServer:
                 for sandbox in api.get("/v2/sandboxes").json():
                     api.delete(f"/sandboxes/{sandbox['sandboxID']}")
         self.stop()
+        # The block daemon outlives the server by design; the test's home goes, so must it.
+        BlockdClient(load_config(env=self.env)).stop()
         for table, parent, chain in (
             ("filter", "FORWARD", f"{self.prefix.upper()}-FORWARD"),
             ("nat", "POSTROUTING", f"{self.prefix.upper()}-POSTROUTING"),
@@ -163,7 +166,13 @@ class HostResources:
         )
         links = sum(1 for p in Path("/sys/class/net").iterdir() if p.name.startswith(prefix))
         workdirs = sum(1 for _ in sandboxes.iterdir()) if sandboxes.exists() else 0
-        mounts = Path("/proc/mounts").read_text().count(str(home))
+        # The block daemon's one FUSE mount belongs to the server, not to a sandbox.
+        daemon_mount = str(home / "blockd" / "mnt")
+        mounts = sum(
+            1
+            for line in Path("/proc/mounts").read_text().splitlines()
+            if str(home) in line and daemon_mount not in line
+        )
         return cls(vmms, namespaces, links, workdirs, mounts)
 
 

@@ -15,13 +15,18 @@ from ..control.store import SqliteSandboxStore
 from ..errors import Unavailable
 from ..guest.kit import load_kit
 from ..images.catalog import TemplateCatalog
+from ..images.pull import ImagePuller
+from ..images.registry import RegistryClient
+from ..images.templates import TemplateRegistry
 from ..net.netns import ensure_host_forwarding
 from ..proxy.router import SandboxProxy
 from ..runtime.manager import SandboxManager
 from ..runtime.recovery import recover
+from ..storage.blockd import BlockdClient
+from ..storage.stores import open_object_store
 from ..vmm.accel import choose_accel
 from ..vmm.qemu import QemuDriver
-from . import sandboxes
+from . import sandboxes, templates
 from .auth import ApiKeyAuth, load_or_create_api_key
 from .errors import install_error_handlers
 from .models import Health
@@ -46,9 +51,27 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
             cfg.vmm.kvm_probe_timeout,
         )
         log.info("accelerator: %s (%s)", accel.name, accel.reason)
+        objects = open_object_store(cfg)
+        template_registry = TemplateRegistry(objects)
+        blockd = BlockdClient(cfg)
+        await asyncio.to_thread(blockd.ensure_running)
+        catalog = TemplateCatalog(cfg, template_registry, blockd)
+        registry = RegistryClient(
+            insecure_registries=cfg.registry.insecure_hosts(),
+            mirrors=cfg.registry.mirror_map(),
+            platform=cfg.registry.platform,
+        )
+        app.state.catalog = catalog
+        app.state.puller = ImagePuller(
+            objects,
+            registry,
+            template_registry,
+            cfg.home / "pull",
+            cfg.sandbox.disk_size_mb * 2**20,
+        )
         store = SqliteSandboxStore(cfg.state_db)
         manager = SandboxManager(
-            cfg, store, QemuDriver(cfg.vmm.qemu_binary, accel.name), kit, TemplateCatalog(cfg)
+            cfg, store, QemuDriver(cfg.vmm.qemu_binary, accel.name), kit, catalog
         )
         await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix)
         await recover(manager)
@@ -62,6 +85,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
             await store.close()
+            registry.close()
 
     app = FastAPI(title="AgentENV", version="0.1.0", lifespan=lifespan)
     app.state.config = cfg
@@ -78,6 +102,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
 
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
     protected.include_router(sandboxes.router)
+    protected.include_router(templates.router)
     app.include_router(protected)
     return app
 

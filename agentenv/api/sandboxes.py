@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import logging
 from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import parse_qsl, unquote
@@ -13,6 +15,8 @@ from fastapi import APIRouter, Query, Request, Response
 from ..control.store import SandboxRecord
 from ..errors import Conflict, InvalidInput
 from ..guest.agent import ENVD_VERSION
+from ..images.pull import default_name
+from ..images.reference import parse_reference
 from ..runtime.lifecycle import PUBLIC_STATE, State
 from ..runtime.manager import CreateRequest, SandboxManager
 from .models import (
@@ -31,6 +35,7 @@ from .models import (
 CLIENT_ID = "aenv"
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 
 def _manager(request: Request) -> SandboxManager:
@@ -90,13 +95,27 @@ def _decode_cursor(token: str) -> tuple[datetime, str]:
         raise InvalidInput("invalid nextToken") from exc
 
 
+async def _template_for(request: Request, name: str) -> str:
+    """A template name as is; an image reference is pulled first (once) into a template."""
+    if not any(c in name for c in "/:@"):
+        return name
+    puller = request.app.state.puller
+    ref = parse_reference(name)
+    existing = await asyncio.to_thread(request.app.state.catalog.templates.find, default_name(ref))
+    if existing is not None:
+        return existing.template_id
+    record = await asyncio.to_thread(puller.pull, name, None, log.info)
+    return record.template_id
+
+
 async def _create(request: Request, body: NewSandbox) -> Sandbox:
     cfg = request.app.state.config
     if body.autoResume and body.autoResume.enabled:
         raise InvalidInput("autoResume is not supported yet")
+    template_id = await _template_for(request, body.templateID)
     record = await _manager(request).create(
         CreateRequest(
-            template_id=body.templateID,
+            template_id=template_id,
             timeout=cfg.sandbox.default_timeout if body.timeout is None else body.timeout,
             metadata=body.metadata,
             env_vars=body.envVars,

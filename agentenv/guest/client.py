@@ -24,10 +24,22 @@ class AgentClient:
         except httpx.HTTPError:
             return False
 
-    async def init(self, env_vars: dict[str, str], access_token: str | None) -> None:
+    async def init(
+        self,
+        env_vars: dict[str, str],
+        access_token: str | None,
+        *,
+        user: str | None = None,
+        workdir: str | None = None,
+    ) -> None:
+        """Hand the agent the sandbox's environment, token, default user and workdir."""
         body: dict[str, object] = {"envVars": env_vars}
         if access_token:
             body["accessToken"] = access_token
+        if user:
+            body["defaultUser"] = user
+        if workdir:
+            body["defaultWorkdir"] = workdir
         async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
             response = await client.post("/init", json=body)
             response.raise_for_status()

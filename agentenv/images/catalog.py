@@ -1,33 +1,67 @@
-"""Templates a sandbox can start from, resolved by ID or alias."""
+"""Templates a sandbox can start from, resolved to a disk the VMM can open."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import Config
-from ..errors import NotFound
+from ..errors import NotFound, Unavailable
+from ..storage.blockd import BlockdClient, BlockdError
 from .base import load_base_template
+from .templates import TemplateRecord, TemplateRegistry
+
+BASE = "base"
 
 
 @dataclass(frozen=True)
 class Template:
+    """A resolved template: its read-only disk and the image config the sandbox honours."""
+
     template_id: str
     alias: str | None
     rootfs: Path
     rootfs_format: str
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = ""
+    user: str = ""
 
 
 class TemplateCatalog:
-    """Today: the built-in `base` template. Pulled images join it in the images issue."""
+    """The built-in `base` (a local ext4 file) and pulled templates (block layer stacks).
 
-    def __init__(self, cfg: Config) -> None:
+    A pulled template's disk is the block daemon's file for its layer stack, named by the
+    top layer, so every sandbox of one image shares one file and one page cache.
+    """
+
+    def __init__(self, cfg: Config, templates: TemplateRegistry, blockd: BlockdClient) -> None:
         self._cfg = cfg
+        self.templates = templates
+        self._blockd = blockd
 
     def resolve(self, name: str) -> Template:
-        if name == "base":
+        """Blocking (it may mount a stack); raises NotFound for unknown templates."""
+        if name == BASE:
             base = load_base_template(self._cfg)
-            if base is not None:
-                return Template("base", "base", base.rootfs, "raw")
-            raise NotFound("template 'base' is not built yet: run `aenv kit build`")
-        raise NotFound(f"template '{name}' not found")
+            if base is None:
+                raise NotFound("template 'base' is not built yet: run `aenv kit build`")
+            return Template(BASE, BASE, base.rootfs, "raw")
+        return self.open(self.templates.get(name))
+
+    def open(self, record: TemplateRecord) -> Template:
+        name = record.layers[-1]
+        try:
+            path, _ = self._blockd.mount(name, record.layers)
+            # What boot does not read comes in the background, at low priority.
+            self._blockd.prefetch(name)
+        except BlockdError as exc:
+            raise Unavailable(f"template '{record.template_id}': disk unavailable: {exc}") from exc
+        return Template(
+            record.template_id,
+            record.template_id,
+            path,
+            "raw",
+            env=record.env,
+            workdir=record.workdir,
+            user=record.user.split(":", 1)[0],
+        )

@@ -43,7 +43,7 @@ class ImagePuller:
         disk_size: int,
     ) -> None:
         self._store = store
-        self._registry = registry
+        self.registry = registry
         self._templates = templates
         self._workdir = workdir
         self._disk_size = disk_size
@@ -56,7 +56,7 @@ class ImagePuller:
         ref = parse_reference(reference)
         name = validate_name(name) if name else default_name(ref)
         progress(f"resolving {ref}")
-        resolved = self._registry.resolve(ref)
+        resolved = self.registry.resolve(ref)
         with self._guard:
             lock = self._image_locks.setdefault(resolved.digest, threading.Lock())
         with lock:
@@ -107,7 +107,7 @@ class ImagePuller:
                 def report(done: int, size: int, label: str = label) -> None:
                     progress(f"{label}: {done}/{size} bytes")
 
-                self._registry.fetch_blob(resolved.ref, desc, blob, report)
+                self.registry.fetch_blob(resolved.ref, desc, blob, report)
                 nxt = work / "next.img"
                 with open_layer_stream(blob, desc.media_type) as stream:
                     layer = convert_layer(

@@ -20,7 +20,7 @@ from ..control.store import SandboxRecord, SandboxStore
 from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..guest.client import AgentClient
 from ..guest.kit import Kit, guest_args
-from ..images.catalog import TemplateCatalog
+from ..images.catalog import Template, TemplateCatalog
 from ..net.netns import NetworkPlan, create_network, destroy_network, plan_network
 from ..vmm.driver import DiskSpec, VmHandle, VmmDriver, VmmError, VmSpec
 from .admission import admit
@@ -145,7 +145,7 @@ class SandboxManager:
 
     async def create(self, request: CreateRequest) -> SandboxRecord:
         """Boot a sandbox; on any failure every acquired resource is released again."""
-        template = self.catalog.resolve(request.template_id)
+        template = await asyncio.to_thread(self.catalog.resolve, request.template_id)
         timeout = self._clamp_timeout(request.timeout)
         sandbox = self.cfg.sandbox
         admit(
@@ -177,7 +177,7 @@ class SandboxManager:
         cleanup.push("state record", lambda: self.store.delete(record.sandbox_id))
         try:
             async with self._lock(record.sandbox_id):
-                await self._provision(record, template.rootfs, template.rootfs_format, cleanup)
+                await self._provision(record, template, cleanup)
                 await self._transition(record, Event.BOOTED)
                 self._routes[record.sandbox_id] = self._route(record)
             cleanup.dismiss()
@@ -189,15 +189,15 @@ class SandboxManager:
             raise
 
     async def _provision(
-        self, record: SandboxRecord, rootfs: Path, rootfs_format: str, cleanup: CleanupStack
+        self, record: SandboxRecord, template: Template, cleanup: CleanupStack
     ) -> None:
         workdir = self.workdir(record.sandbox_id)
         workdir.mkdir(parents=True)
         cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
         overlay = workdir / "rootfs.qcow2"
         await _run_tool(
-            "qemu-img", "create", "-q", "-f", "qcow2", "-F", rootfs_format,
-            "-b", str(rootfs), str(overlay),
+            "qemu-img", "create", "-q", "-f", "qcow2", "-F", template.rootfs_format,
+            "-b", str(template.rootfs), str(overlay),
         )  # fmt: skip
         plan = self.network_plan(record)
         await create_network(plan, record.allow_internet)
@@ -221,7 +221,12 @@ class SandboxManager:
         cleanup.push("vm", lambda: self.driver.stop(handle))
         record.vm = handle.to_dict()
         await self.store.update(record.sandbox_id, vm=record.vm)
-        await self._agent(record).init(record.env_vars, record.access_token)
+        await self._agent(record).init(
+            {**template.env, **record.env_vars},
+            record.access_token,
+            user=template.user or None,
+            workdir=template.workdir or None,
+        )
 
     async def _boot(self, spec: VmSpec, record: SandboxRecord) -> VmHandle:
         """Boot with a deadline; retry once, since TCG guests occasionally stall early."""

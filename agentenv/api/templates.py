@@ -1,0 +1,142 @@
+"""Template routes: E2B's listing and alias lookups, and pulling an OCI image (native)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import AenvError, Conflict
+from ..images.catalog import BASE, TemplateCatalog
+from ..images.pull import ImagePuller
+from ..images.reference import parse_reference
+from ..images.templates import TemplateRecord
+
+router = APIRouter()
+
+
+class PullBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = Field(min_length=1, max_length=512)
+    name: str | None = Field(default=None, max_length=63)
+
+
+def _catalog(request: Request) -> TemplateCatalog:
+    return request.app.state.catalog
+
+
+def template_json(record: TemplateRecord, cfg: Any) -> dict[str, Any]:
+    """E2B's `Template` fields, plus where the template came from."""
+    return {
+        "templateID": record.template_id,
+        "buildID": record.digest,
+        "aliases": [record.template_id],
+        "names": [record.template_id],
+        "public": False,
+        "cpuCount": cfg.sandbox.vcpus,
+        "memoryMB": cfg.sandbox.memory_mb,
+        "diskSizeMB": record.size // 2**20,
+        "createdAt": record.created_at,
+        "updatedAt": record.created_at,
+        "buildStatus": "ready",
+        "source": record.source,
+        "layers": record.layers,
+    }
+
+
+def _base_json(cfg: Any) -> dict[str, Any]:
+    return {
+        "templateID": BASE,
+        "buildID": BASE,
+        "aliases": [BASE],
+        "names": [BASE],
+        "public": True,
+        "cpuCount": cfg.sandbox.vcpus,
+        "memoryMB": cfg.sandbox.memory_mb,
+        "diskSizeMB": cfg.sandbox.disk_size_mb,
+        "buildStatus": "ready",
+        "source": "debian:bookworm (built in)",
+    }
+
+
+async def _all(request: Request) -> list[dict[str, Any]]:
+    cfg = request.app.state.config
+    records = await asyncio.to_thread(_catalog(request).templates.list)
+    return [_base_json(cfg)] + [template_json(r, cfg) for r in records]
+
+
+@router.get("/v2/templates")
+async def list_templates_v2(request: Request) -> list[dict[str, Any]]:
+    return await _all(request)
+
+
+@router.get("/templates")
+async def list_templates(request: Request) -> list[dict[str, Any]]:
+    return await _all(request)
+
+
+@router.get("/templates/aliases/{alias}")
+async def template_alias(request: Request, alias: str) -> dict[str, Any]:
+    if alias != BASE:
+        await asyncio.to_thread(_catalog(request).templates.get, alias)
+    return {"templateID": alias, "public": alias == BASE}
+
+
+@router.get("/templates/{template_id}")
+async def get_template(request: Request, template_id: str) -> dict[str, Any]:
+    cfg = request.app.state.config
+    if template_id == BASE:
+        return _base_json(cfg)
+    record = await asyncio.to_thread(_catalog(request).templates.get, template_id)
+    return template_json(record, cfg)
+
+
+@router.delete("/templates/{template_id}", status_code=204)
+async def delete_template(request: Request, template_id: str) -> Response:
+    if template_id == BASE:
+        raise Conflict("the built-in 'base' template cannot be deleted")
+    await asyncio.to_thread(_catalog(request).templates.delete, template_id)
+    return Response(status_code=204)
+
+
+@router.post("/templates/pull")
+async def pull_template(request: Request, body: PullBody) -> StreamingResponse:
+    """Pull an OCI image into a template; streams NDJSON progress, then the template."""
+    puller: ImagePuller = request.app.state.puller
+    ref = parse_reference(body.image)
+    # Resolve up front so a missing image or bad credentials get their own status.
+    await asyncio.to_thread(puller.registry.resolve, ref)
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+    cfg = request.app.state.config
+
+    def progress(line: str) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, {"progress": line})
+
+    async def run() -> None:
+        try:
+            record = await asyncio.to_thread(puller.pull, str(ref), body.name, progress)
+            await queue.put({"template": template_json(record, cfg)})
+        except AenvError as exc:
+            await queue.put({"error": {"code": exc.status, "message": exc.message}})
+        except Exception as exc:
+            await queue.put({"error": {"code": 500, "message": f"pull failed: {exc}"}})
+        finally:
+            await queue.put(None)
+
+    async def lines() -> AsyncIterator[bytes]:
+        task = asyncio.create_task(run())
+        try:
+            while (item := await queue.get()) is not None:
+                yield json.dumps(item).encode() + b"\n"
+        finally:
+            # The pull goes on if the client leaves; its result lands in the registry.
+            await asyncio.shield(task)
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
