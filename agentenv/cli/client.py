@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -105,6 +106,31 @@ class ApiClient(_Base):
         if resp.status_code >= 400:
             raise ApiError.from_response(resp)
         return resp
+
+    def list_templates(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v2/templates").json()
+
+    def delete_template(self, template_id: str) -> None:
+        self._call("DELETE", f"/templates/{template_id}")
+
+    def pull(self, image: str, name: str | None) -> Iterator[dict[str, Any]]:
+        """`POST /templates/pull`: yields each NDJSON progress event as it arrives."""
+        body: dict[str, Any] = {"image": image}
+        if name:
+            body["name"] = name
+        request = self._http.build_request(
+            "POST", "/templates/pull", json=body, timeout=httpx.Timeout(30.0, read=None)
+        )
+        resp = self._send(request, stream=True)
+        try:
+            if resp.status_code >= 400:
+                resp.read()
+                raise ApiError.from_response(resp)
+            for line in resp.iter_lines():
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            resp.close()
 
     def create_sandbox(self, body: dict[str, Any]) -> dict[str, Any]:
         """`POST /sandboxes` (falls back to `/v2/sandboxes` if the route is missing)."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import httpx
 
-from agentenv.cli import commands, doctor, files, host
+from agentenv.cli import commands, doctor, files, host, templates
 from agentenv.cli.client import ApiError, ServerUnreachable
 from agentenv.cli.connect import ConnectError
 from agentenv.cli.context import CliError, Context
@@ -88,6 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("remote", metavar="REMOTE")
     p.add_argument("local", metavar="LOCAL")
     p.add_argument("--user", help="read as this user")
+
+    p = _add(sub, "pull", templates.cmd_pull, "pull an OCI image into a template")
+    p.add_argument("image", metavar="REF", help="image reference, e.g. ubuntu:22.04")
+    p.add_argument("--name", help="template name (default: from the reference)")
+
+    tpl = sub.add_parser("template", help="templates", description="templates")
+    tpl_sub = tpl.add_subparsers(dest="template_command", metavar="COMMAND", required=True)
+    p = _add(tpl_sub, "ls", templates.cmd_template_ls, "list templates")
+    p.add_argument("-o", "--output", choices=("table", "json"), help="default: table on a TTY")
+    p = _add(tpl_sub, "rm", templates.cmd_template_rm, "delete templates")
+    p.add_argument("ids", nargs="+", metavar="TEMPLATE")
 
     p = _add(sub, "doctor", doctor.cmd_doctor, "check this host's prerequisites")
     _config_arg(p)

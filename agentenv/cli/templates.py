@@ -1,0 +1,70 @@
+"""`aenv pull` and `aenv template ls|rm`."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from .context import CliError, Context
+from .output import print_json, render_table
+
+_BYTES = re.compile(r"^(?P<label>.*): (?P<done>\d+)/(?P<size>\d+) bytes$")
+
+
+def _bar(done: int, size: int, width: int = 30) -> str:
+    filled = width * done // size if size else width
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done / 2**20:7.1f}/{size / 2**20:.1f} MiB"
+
+
+def cmd_pull(ctx: Context, args: argparse.Namespace) -> int:
+    """Pull an OCI image into a template, drawing a bar per layer download on a TTY."""
+    tty = ctx.stderr.isatty()
+    drawing = False
+    with ctx.api() as api:
+        for event in api.pull(args.image, args.name):
+            if "progress" in event:
+                line = event["progress"]
+                match = _BYTES.match(line)
+                if match and tty:
+                    bar = _bar(int(match["done"]), int(match["size"]))
+                    ctx.stderr.write(f"\r{match['label']} {bar}")
+                    ctx.stderr.flush()
+                    drawing = True
+                    continue
+                if match:
+                    continue  # byte counts only make sense as a bar
+                if drawing:
+                    ctx.stderr.write("\n")
+                    drawing = False
+                ctx.warn(line)
+            elif "error" in event:
+                raise CliError(event["error"].get("message", "pull failed"))
+            elif "template" in event:
+                if drawing:
+                    ctx.stderr.write("\n")
+                ctx.stdout.write(event["template"]["templateID"] + "\n")
+                return 0
+    raise CliError("the server ended the pull without a result")
+
+
+def cmd_template_ls(ctx: Context, args: argparse.Namespace) -> int:
+    with ctx.api() as api:
+        items = api.list_templates()
+    if (args.output or ("table" if ctx.stdout.isatty() else "json")) == "json":
+        print_json(items, ctx.stdout)
+        return 0
+    rows = [
+        [t["templateID"], str(t.get("source", "")), str(t.get("diskSizeMB", "")),
+         str(len(t.get("layers", [])))]
+        for t in items
+    ]  # fmt: skip
+    ctx.stdout.write(render_table(("TEMPLATE", "SOURCE", "DISK MB", "LAYERS"), rows))
+    return 0
+
+
+def cmd_template_rm(ctx: Context, args: argparse.Namespace) -> int:
+    with ctx.api() as api:
+        for template_id in args.ids:
+            api.delete_template(template_id)
+            ctx.stdout.write(template_id + "\n")
+    return 0

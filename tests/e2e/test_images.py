@@ -1,0 +1,169 @@
+"""OCI images from a real registry → block layers → sandboxes, with a small chunk cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+
+from agentenv.config import load_config
+from agentenv.images.base import build_base_template
+from agentenv.images.convert import loop_mount
+from agentenv.storage.blockd import BlockdClient
+
+from ..images.oci_build import LayerBuilder, build_image, build_layer, push_image
+from ..images.registry_server import Registry, running_registry
+from ..live import AENV, TEST_KEY, LiveServer
+from .test_sandbox_lifecycle import create, kill, run
+
+pytestmark = pytest.mark.vm
+
+APP_DATA = os.urandom(3 * 2**20)
+OTHER_DATA = os.urandom(2 * 2**20)
+
+
+@dataclass
+class Images:
+    registry: Registry
+    app: str
+    other: str
+
+
+@pytest.fixture(scope="module")
+def images(kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Images]:
+    """Two multi-layer Debian images sharing their base layer, pushed to a local registry."""
+    base = build_base_template(load_config(), progress=lambda _: None)
+    with loop_mount(base.rootfs, tmp_path_factory.mktemp("base-mnt"), readonly=True) as root:
+        debian = build_layer(LayerBuilder.from_dir(root, owner=None), "zstd")
+    app_layer = build_layer(
+        LayerBuilder()
+        .dir("srv/app", uid=1000, gid=1000)
+        .file("srv/app/data.bin", APP_DATA, uid=1000, gid=1000)
+        .hardlink("srv/app/data.link", "srv/app/data.bin")
+        .symlink("srv/app/current", "data.bin")
+        .whiteout("usr/bin/less")
+        .opaque("etc/sudoers.d")
+        .file("etc/sudoers.d/app", b"# app\n", mode=0o440),
+        "gzip",
+    )
+    other_layer = build_layer(LayerBuilder().file("opt/other.bin", OTHER_DATA), "gzip")
+    with running_registry(tmp_path_factory.mktemp("registry")) as registry:
+        push_image(
+            registry.url,
+            "demo/app",
+            "v1",
+            build_image(
+                [debian, app_layer],
+                env=("PATH=/usr/local/bin:/usr/bin:/bin", "APP_MODE=test"),
+                working_dir="/srv/app",
+                user="user",
+            ),
+        )
+        push_image(registry.url, "demo/other", "v1", build_image([debian, other_layer]))
+        yield Images(registry, f"{registry.host}/demo/app:v1", f"{registry.host}/demo/other:v1")
+
+
+def aenv(server: LiveServer, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AENV_API_URL": server.url, "AENV_API_KEY": TEST_KEY}
+    return subprocess.run([AENV, *args], capture_output=True, env=env, timeout=900)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_app(server: LiveServer, sandbox: dict) -> None:
+    out, err, code = run(server, sandbox, "whoami; pwd; echo $APP_MODE; sha256sum data.bin")
+    assert code == 0, err
+    assert out.splitlines()[:3] == ["user", "/srv/app", "test"]
+    assert out.splitlines()[3].split()[0] == sha(APP_DATA)
+    out, _, _ = run(
+        server,
+        sandbox,
+        "stat -c '%U %h' data.bin; readlink current; ls /usr/bin/less 2>&1 | head -1;"
+        " ls /etc/sudoers.d",
+    )
+    lines = out.splitlines()
+    assert lines[0] == "user 2"
+    assert lines[1] == "data.bin"
+    assert "No such file" in lines[2]
+    assert lines[3:] == ["app"]
+
+
+def test_pull_with_cli_then_sandbox(server: LiveServer, images: Images) -> None:
+    pulled = aenv(server, "pull", images.app, "--name", "app")
+    assert pulled.returncode == 0, pulled.stderr.decode()
+    assert pulled.stdout.decode().strip() == "app"
+    listed = json.loads(aenv(server, "template", "ls", "-o", "json").stdout)
+    assert {"base", "app"} <= {t["templateID"] for t in listed}
+    sandbox = create(server, templateID="app")
+    check_app(server, sandbox)
+    kill(server, sandbox["sandboxID"])
+    with server.client() as api:
+        missing = api.post(
+            "/templates/pull", json={"image": f"{images.registry.host}/demo/none:v1"}
+        )
+        assert missing.status_code == 404
+        assert missing.json()["code"] == 404
+
+
+def test_sandbox_straight_from_an_image_reference(server: LiveServer, images: Images) -> None:
+    sandbox = create(server, templateID=images.other)
+    out, _, code = run(server, sandbox, "sha256sum /opt/other.bin; cat /etc/debian_version")
+    assert code == 0
+    assert out.split()[0] == sha(OTHER_DATA)
+    kill(server, sandbox["sandboxID"])
+
+
+def _cache_stats(server: LiveServer) -> dict:
+    return BlockdClient(load_config(env=server.env)).stats()["cache"]
+
+
+def test_small_cache_runs_every_image(fresh_server: LiveServer, images: Images) -> None:
+    """A cache a fifth of the images' size still runs each, one after another and at once."""
+    fresh_server.start()
+    with fresh_server.client() as api:
+        sizes = []
+        for ref, name in ((images.app, "app"), (images.other, "other")):
+            lines = api.post("/templates/pull", json={"image": ref, "name": name}).text
+            assert '"template"' in lines, lines
+        objects = fresh_server.home / "objects" / "chunks"
+        sizes = [p.stat().st_size for p in objects.rglob("*") if p.is_file()]
+    total = sum(sizes)
+    fresh_server.stop()
+    fresh_server.extra_env["AENV_CACHE_MAX_BYTES"] = str(total // 5)
+    BlockdClient(load_config(env=fresh_server.env)).stop()  # restart it with the small cap
+    fresh_server.start()
+
+    first = create(fresh_server, templateID="app")
+    stats = _cache_stats(fresh_server)
+    # The sandbox answered while most of its image was still only in the object store.
+    assert stats["fetched_bytes"] < total / 2
+    check_app(fresh_server, first)
+    kill(fresh_server, first["sandboxID"])
+    second = create(fresh_server, templateID="other")
+    assert run(fresh_server, second, "sha256sum /opt/other.bin")[0].split()[0] == sha(OTHER_DATA)
+    kill(fresh_server, second["sandboxID"])
+
+    with ThreadPoolExecutor(2) as pool:
+        boxes = list(pool.map(lambda t: create(fresh_server, templateID=t), ["app", "other"]))
+    check_app(fresh_server, boxes[0])
+    assert run(fresh_server, boxes[1], "sha256sum /opt/other.bin")[0].split()[0] == sha(OTHER_DATA)
+    for box in boxes:
+        kill(fresh_server, box["sandboxID"])
+    stats = _cache_stats(fresh_server)
+    assert stats["bytes_used"] <= total // 5
+    assert stats["evictions"] > 0
+
+    # The cache survives a restart of the block daemon.
+    entries = stats["entries"]
+    fresh_server.stop()
+    BlockdClient(load_config(env=fresh_server.env)).stop()
+    fresh_server.start()
+    assert _cache_stats(fresh_server)["entries"] == entries
