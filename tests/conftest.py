@@ -10,6 +10,7 @@ import pytest
 from agentenv.config import load_config
 
 from .live import LiveServer
+from .s3server import new_bucket, s3_server
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +41,15 @@ def fresh_server(kit_ready: None, tmp_path: Path) -> Iterator[LiveServer]:
     live.home.mkdir()
     yield live
     live.close()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """An S3 server (moto) on a free loopback port, for the whole session."""
+    with s3_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    return new_bucket(s3_endpoint)

@@ -11,7 +11,15 @@ from pathlib import Path
 from .driver import VmHandle, VmmError, VmSpec
 from .qmp import QmpClient
 
-_QMP_SOCKET = "qmp.sock"
+# Unix socket paths must stay under 108 bytes, so control sockets live in a short
+# directory of their own rather than in the (arbitrarily deep) work directory.
+RUN_DIR = Path("/run/aenv")
+
+
+def qmp_socket(name: str, run_dir: Path = RUN_DIR) -> Path:
+    return run_dir / f"{name}.qmp"
+
+
 _STOP_GRACE_S = 2.0
 _TERM_GRACE_S = 5.0
 
@@ -46,7 +54,9 @@ def kernel_args(accel: str, guest_args: str, tsc_khz: int | None) -> str:
     return args
 
 
-def build_command(qemu: str, accel: str, spec: VmSpec, tsc_khz: int | None = None) -> list[str]:
+def build_command(
+    qemu: str, accel: str, spec: VmSpec, tsc_khz: int | None = None, run_dir: Path = RUN_DIR
+) -> list[str]:
     """The full QEMU command line for `spec` (pure, so it is unit-tested)."""
     workdir = spec.workdir
     args = [
@@ -60,7 +70,7 @@ def build_command(qemu: str, accel: str, spec: VmSpec, tsc_khz: int | None = Non
         f"memory-backend-file,id=ram,size={spec.memory_mb}M,mem-path={workdir / 'memory'},share=on",
         "-nographic", "-nodefaults", "-no-reboot", "-no-user-config",
         "-serial", f"file:{workdir / 'console.log'}",
-        "-qmp", f"unix:{workdir / _QMP_SOCKET},server=on,wait=off",
+        "-qmp", f"unix:{qmp_socket(spec.name, run_dir)},server=on,wait=off",
         "-kernel", str(spec.kernel),
         "-initrd", str(spec.initrd),
         "-append", kernel_args(accel, spec.kernel_args, tsc_khz),
@@ -99,15 +109,19 @@ class QemuDriver:
 
     name = "qemu"
 
-    def __init__(self, qemu_binary: str, accel: str) -> None:
+    def __init__(self, qemu_binary: str, accel: str, run_dir: Path = RUN_DIR) -> None:
         self.qemu_binary = qemu_binary
         self.accel = accel
+        self.run_dir = run_dir
         self._children: dict[int, asyncio.subprocess.Process] = {}
         self._tsc_khz = host_tsc_khz()
 
     async def boot(self, spec: VmSpec) -> VmHandle:
         spec.workdir.mkdir(parents=True, exist_ok=True)
-        command = build_command(self.qemu_binary, self.accel, spec, self._tsc_khz)
+        self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        socket = qmp_socket(spec.name, self.run_dir)
+        socket.unlink(missing_ok=True)
+        command = build_command(self.qemu_binary, self.accel, spec, self._tsc_khz, self.run_dir)
         if spec.netns:
             command = ["nsenter", f"--net=/run/netns/{spec.netns}", "--", *command]
         with open(spec.workdir / "vmm.log", "ab") as log:
@@ -121,10 +135,14 @@ class QemuDriver:
             )
         self._children[proc.pid] = proc
         handle = VmHandle(
-            driver=self.name, pid=proc.pid, workdir=str(spec.workdir), accel=self.accel
+            driver=self.name,
+            pid=proc.pid,
+            workdir=str(spec.workdir),
+            accel=self.accel,
+            extra={"qmp": str(socket)},
         )
         try:
-            client = await QmpClient.connect(spec.workdir / _QMP_SOCKET, timeout=10.0)
+            client = await QmpClient.connect(Path(handle.extra["qmp"]), timeout=10.0)
             await client.close()
         except VmmError as exc:
             log_tail = (spec.workdir / "vmm.log").read_text(errors="replace")[-2000:]
@@ -156,7 +174,7 @@ class QemuDriver:
             os.kill(pid, signal.SIGKILL)
 
     async def _qmp(self, handle: VmHandle, command: str, arguments: dict | None = None) -> object:
-        client = await QmpClient.connect(Path(handle.workdir) / _QMP_SOCKET)
+        client = await QmpClient.connect(Path(handle.extra["qmp"]))
         try:
             return await client.execute(command, arguments)
         finally:
@@ -179,6 +197,7 @@ class QemuDriver:
         child = self._children.pop(handle.pid, None)
         if child is not None:
             await child.wait()
+        Path(handle.extra["qmp"]).unlink(missing_ok=True)
 
     async def _wait_gone(self, handle: VmHandle, timeout: float) -> bool:
         # A zombie has an empty command line, so this is False as soon as QEMU exits.
@@ -192,7 +211,7 @@ class QemuDriver:
     async def pause(self, handle: VmHandle, snapshot_dir: Path) -> None:
         snapshot_dir.mkdir(parents=True, exist_ok=True)
         state = snapshot_dir / "vmstate"
-        client = await QmpClient.connect(Path(handle.workdir) / _QMP_SOCKET)
+        client = await QmpClient.connect(Path(handle.extra["qmp"]))
         try:
             await client.execute("stop")
             # RAM is already in the shared memory file: only device state is written.

@@ -167,3 +167,36 @@ def test_small_cache_runs_every_image(fresh_server: LiveServer, images: Images) 
     BlockdClient(load_config(env=fresh_server.env)).stop()
     fresh_server.start()
     assert _cache_stats(fresh_server)["entries"] == entries
+
+
+def test_s3_backend_end_to_end(
+    fresh_server: LiveServer, images: Images, s3_endpoint: str, s3_bucket: str
+) -> None:
+    """Layers and templates in S3 (a real S3 server); a second node sees the template."""
+    s3 = {
+        "AENV_STORAGE_BACKEND": "s3",
+        "AENV_STORAGE_S3_ENDPOINT": s3_endpoint,
+        "AENV_STORAGE_S3_BUCKET": s3_bucket,
+        "AENV_STORAGE_S3_PATH_STYLE": "true",
+        "AENV_STORAGE_S3_ACCESS_KEY": "testing",
+        "AENV_STORAGE_S3_SECRET_KEY": "testing",
+    }
+    fresh_server.extra_env.update(s3)
+    fresh_server.start()
+    assert aenv(fresh_server, "pull", images.app, "--name", "app").returncode == 0
+    assert not (fresh_server.home / "objects").exists()
+    sandbox = create(fresh_server, templateID="app")
+    check_app(fresh_server, sandbox)
+    kill(fresh_server, sandbox["sandboxID"])
+
+    second = LiveServer(fresh_server.home.parent / "second-node", extra_env=dict(s3))
+    second.home.mkdir()
+    second.start()
+    try:
+        with second.client() as api:
+            assert "app" in {t["templateID"] for t in api.get("/v2/templates").json()}
+        box = create(second, templateID="app")
+        check_app(second, box)
+        kill(second, box["sandboxID"])
+    finally:
+        second.close()
