@@ -56,6 +56,9 @@ class SandboxProxy:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._closing_on_shutdown(send))
+            return
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
@@ -140,8 +143,13 @@ class SandboxProxy:
         except httpx.HTTPError as exc:
             log.warning("proxy stream from %s broke: %s", target.sandbox_id, exc)
 
-    async def aclose(self) -> None:
-        await self._client.aclose()
+    def _closing_on_shutdown(self, send: Send) -> Send:
+        async def send_and_close(message: dict[str, Any]) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await self._client.aclose()
+            await send(message)
+
+        return send_and_close
 
 
 async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
