@@ -108,6 +108,8 @@ class RegistryConfig:
     # Mirrors tried before a registry: "docker.io=https://m1,https://m2;ghcr.io=https://m3".
     mirrors: str = ""
     platform: str = "linux/amd64"
+    # Registry credentials in Docker's config.json format; empty means ~/.docker/config.json.
+    auth_file: str = ""
 
     def insecure_hosts(self) -> list[str]:
         return [h.strip() for h in self.insecure.split(",") if h.strip()]

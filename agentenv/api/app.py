@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -26,7 +27,7 @@ from ..storage.blockd import BlockdClient
 from ..storage.stores import open_object_store
 from ..vmm.accel import choose_accel
 from ..vmm.qemu import QemuDriver
-from . import sandboxes, templates
+from . import builds, sandboxes, templates
 from .auth import ApiKeyAuth, load_or_create_api_key
 from .errors import install_error_handlers
 from .models import Health
@@ -57,6 +58,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
         await asyncio.to_thread(blockd.ensure_running)
         catalog = TemplateCatalog(cfg, template_registry, blockd)
         registry = RegistryClient(
+            docker_config=Path(cfg.registry.auth_file) if cfg.registry.auth_file else None,
             insecure_registries=cfg.registry.insecure_hosts(),
             mirrors=cfg.registry.mirror_map(),
             platform=cfg.registry.platform,
@@ -103,6 +105,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
     protected.include_router(sandboxes.router)
     protected.include_router(templates.router)
+    protected.include_router(builds.router)
     app.include_router(protected)
     return app
 

@@ -14,7 +14,7 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
-from agentenv.cli.connect import ConnectError, encode_envelope, error_from_json, iter_messages
+from agentenv.guest.rpc import ConnectError, encode_envelope, error_from_json, iter_messages
 
 ENVD_PORT = 49983
 STREAM_CONTENT_TYPE = "application/connect+json"

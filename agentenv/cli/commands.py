@@ -13,12 +13,12 @@ from typing import BinaryIO
 import httpx
 
 from agentenv.cli.client import ApiError, EnvdClient, ServerUnreachable
-from agentenv.cli.connect import ConnectError
 from agentenv.cli.context import CliError, Context
 from agentenv.cli.credentials import Credentials, credentials_path, read_file, save_credentials
 from agentenv.cli.output import print_json, print_sandboxes
 from agentenv.cli.process import ProcessResult, ProcessStream, bash_args
 from agentenv.cli.terminal import attach_shell
+from agentenv.guest.rpc import ConnectError
 
 STATES = ("running", "paused")
 KEEPALIVE_SECONDS = 300  # an attached shell keeps its sandbox alive at least this long

@@ -10,8 +10,8 @@ import httpx
 
 from agentenv.cli import commands, doctor, files, host, templates
 from agentenv.cli.client import ApiError, ServerUnreachable
-from agentenv.cli.connect import ConnectError
 from agentenv.cli.context import CliError, Context
+from agentenv.guest.rpc import ConnectError
 
 Handler = Callable[[Context, argparse.Namespace], int]
 

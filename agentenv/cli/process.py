@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agentenv.cli.connect import ConnectError
+from agentenv.guest.rpc import ConnectError
 
 # Go's syscall.Signal strings as they appear in envd's `status` ("signal: killed").
 _SIGNALS = {

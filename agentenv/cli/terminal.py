@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 
 from agentenv.cli.client import EnvdClient, ServerUnreachable
-from agentenv.cli.connect import ConnectError
 from agentenv.cli.context import CliError
 from agentenv.cli.process import ProcessResult, ProcessStream
+from agentenv.guest.rpc import ConnectError
 
 _BATCH_BYTES = 64 * 1024
 _BATCH_WAIT = 0.005  # seconds to wait for more keystrokes before sending a batch

@@ -6,6 +6,8 @@ from typing import Any
 
 import httpx
 
+from .rpc import EnvelopeDecoder, encode_envelope
+
 
 class AgentClient:
     """Talks to one guest agent at `base_url` (reached through the sandbox's namespace)."""
@@ -52,3 +54,31 @@ class AgentClient:
             response = await client.get("/metrics")
             response.raise_for_status()
             return response.json()
+
+    async def start_detached(self, argv: list[str], tag: str) -> int:
+        """Start a process that outlives this call (the agent keeps it); returns its pid."""
+        message = {"process": {"cmd": argv[0], "args": argv[1:]}, "tag": tag, "stdin": False}
+        headers = {
+            **self._headers,
+            "Content-Type": "application/connect+json",
+            "Connect-Protocol-Version": "1",
+        }
+        decoder = EnvelopeDecoder()
+        async with (
+            httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client,
+            client.stream(
+                "POST", "/process.Process/Start", content=encode_envelope(message), headers=headers
+            ) as response,
+        ):
+            if response.status_code != 200:
+                await response.aread()
+                raise httpx.HTTPStatusError(
+                    f"start {argv[0]}: {response.text}", request=response.request, response=response
+                )
+            async for chunk in response.aiter_raw():
+                for envelope in decoder.feed(chunk):
+                    start = envelope.message.get("event", {}).get("start")
+                    if start is not None:
+                        # Leaving now detaches: agent processes survive their stream.
+                        return int(start.get("pid", 0))
+        raise httpx.HTTPError(f"start {argv[0]}: the agent sent no start event")

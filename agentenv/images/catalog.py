@@ -25,6 +25,8 @@ class Template:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = ""
     user: str = ""
+    # The image's Entrypoint + Cmd, started in the background when a sandbox starts.
+    command: list[str] = field(default_factory=list)
 
 
 class TemplateCatalog:
@@ -64,4 +66,5 @@ class TemplateCatalog:
             env=record.env,
             workdir=record.workdir,
             user=record.user.split(":", 1)[0],
+            command=[*(record.entrypoint or []), *(record.cmd or [])],
         )

@@ -221,12 +221,19 @@ class SandboxManager:
         cleanup.push("vm", lambda: self.driver.stop(handle))
         record.vm = handle.to_dict()
         await self.store.update(record.sandbox_id, vm=record.vm)
-        await self._agent(record).init(
+        agent = self._agent(record)
+        await agent.init(
             {**template.env, **record.env_vars},
             record.access_token,
             user=template.user or None,
             workdir=template.workdir or None,
         )
+        if template.command:
+            try:
+                await agent.start_detached(template.command, tag="entrypoint")
+            except httpx.HTTPError as exc:
+                # The sandbox is usable without it; the image's command is a convenience.
+                log.warning("sandbox %s: image command failed to start: %s", record.sandbox_id, exc)
 
     async def _boot(self, spec: VmSpec, record: SandboxRecord) -> VmHandle:
         """Boot with a deadline; retry once, since TCG guests occasionally stall early."""

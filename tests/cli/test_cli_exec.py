@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentenv.cli.connect import FLAG_END_STREAM, EnvelopeDecoder, encode_envelope
+from agentenv.guest.rpc import FLAG_END_STREAM, EnvelopeDecoder, encode_envelope
 
 TOKEN = "envd-token"
 

@@ -63,6 +63,7 @@ def images(kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 env=("PATH=/usr/local/bin:/usr/bin:/bin", "APP_MODE=test"),
                 working_dir="/srv/app",
                 user="user",
+                cmd=("/bin/sh", "-c", "echo started-as-$(whoami) > /tmp/cmd-ran; exec sleep 600"),
             ),
         )
         push_image(registry.url, "demo/other", "v1", build_image([debian, other_layer]))
@@ -79,6 +80,13 @@ def sha(data: bytes) -> str:
 
 
 def check_app(server: LiveServer, sandbox: dict) -> None:
+    """The image's files, config (user, workdir, env) and its command all took effect."""
+    ran = run(
+        server,
+        sandbox,
+        "for i in $(seq 50); do cat /tmp/cmd-ran 2>/dev/null && break; sleep 0.2; done",
+    )
+    assert ran[0] == "started-as-user\n"
     out, err, code = run(server, sandbox, "whoami; pwd; echo $APP_MODE; sha256sum data.bin")
     assert code == 0, err
     assert out.splitlines()[:3] == ["user", "/srv/app", "test"]

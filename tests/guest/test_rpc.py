@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from agentenv.cli.connect import (
+from agentenv.guest.rpc import (
     FLAG_END_STREAM,
     ConnectError,
     EnvelopeDecoder,

@@ -1,0 +1,314 @@
+"""E2B's template build API (`Template.build` in the SDKs), for templates made from an image.
+
+The flow: `POST /v3/templates` registers a build, `POST /v2/templates/{id}/builds/{build}`
+starts it (a pull of `fromImage`, or a copy of `fromTemplate`), and the client polls
+`GET /templates/{id}/builds/{build}/status`. Build steps, start and ready commands need a
+build sandbox whose disk is sealed into a template; until that exists they are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import AenvError, Conflict, InvalidInput
+from ..images.builds import Build, BuildTracker, LogLevel
+from ..images.catalog import BASE, TemplateCatalog
+from ..images.pull import ImagePuller
+from ..images.reference import parse_reference
+from ..images.registry import RegistryClient
+from ..images.templates import TemplateRecord, validate_name
+
+router = APIRouter()
+
+# Build tasks run detached from their request; holding them keeps them from being collected.
+_tasks: set[asyncio.Task[None]] = set()
+
+
+class TemplateBuildRequest(BaseModel):
+    """`TemplateBuildRequestV3`; `alias` is what SDKs before `name` existed sent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(default=None, max_length=128)
+    alias: str | None = Field(default=None, max_length=128)
+    tags: list[str] | None = None
+    # One team per server: accepted so older SDKs work, and meaningless here.
+    teamID: str | None = None
+    cpuCount: int | None = Field(default=None, ge=1)
+    memoryMB: int | None = Field(default=None, ge=128)
+    minFreeDiskMb: int | None = Field(default=None, ge=0)
+
+
+class GeneralRegistry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["registry"]
+    username: str
+    password: str
+
+
+class AwsRegistry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["aws"]
+    awsAccessKeyId: str
+    awsSecretAccessKey: str
+    awsRegion: str
+
+
+class GcpRegistry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["gcp"]
+    serviceAccountJson: str
+
+
+class BuildStart(BaseModel):
+    """`TemplateBuildStartV2`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fromImage: str | None = Field(default=None, max_length=512)
+    fromTemplate: str | None = Field(default=None, max_length=128)
+    fromImageRegistry: (
+        Annotated[GeneralRegistry | AwsRegistry | GcpRegistry, Field(discriminator="type")] | None
+    ) = None
+    force: bool | None = None
+    steps: list[dict[str, Any]] = Field(default_factory=list)
+    startCmd: str | None = None
+    readyCmd: str | None = None
+
+
+def _tracker(request: Request) -> BuildTracker:
+    state = request.app.state
+    if getattr(state, "builds", None) is None:
+        state.builds = BuildTracker()
+    return state.builds
+
+
+def _catalog(request: Request) -> TemplateCatalog:
+    return request.app.state.catalog
+
+
+def _template_name(body: TemplateBuildRequest) -> str:
+    if body.name and body.alias and body.name != body.alias:
+        raise InvalidInput(f"name {body.name!r} and alias {body.alias!r} differ; send one")
+    name = body.name or body.alias
+    if not name:
+        raise InvalidInput("name: a template name is required")
+    if ":" in name or body.tags:
+        raise InvalidInput("tags: template tags are not supported yet; build without a tag")
+    if name == BASE:
+        raise Conflict("'base' is the built-in template and cannot be rebuilt")
+    return validate_name(name)
+
+
+@router.post("/v3/templates", status_code=202)
+async def request_build(request: Request, body: TemplateBuildRequest) -> dict[str, Any]:
+    """Register a build of a template; it starts when the client sends the recipe."""
+    name = _template_name(body)
+    tracker = _tracker(request)
+    running = [b for b in tracker.of_template(name) if b.status == "building"]
+    if running:
+        raise Conflict(f"template '{name}' is being built (build {running[-1].build_id})")
+    build = tracker.create(name)
+    requested = {
+        key: value
+        for key, value in (
+            ("cpuCount", body.cpuCount),
+            ("memoryMB", body.memoryMB),
+            ("minFreeDiskMb", body.minFreeDiskMb),
+        )
+        if value is not None
+    }
+    if requested:
+        # Templates carry no sizes yet; say so in the log the SDK shows rather than drop it.
+        sandbox = request.app.state.config.sandbox
+        build.log(
+            f"{', '.join(f'{k}={v}' for k, v in requested.items())}: per-template sizes are "
+            f"not stored yet; sandboxes get the server's {sandbox.vcpus} vCPU, "
+            f"{sandbox.memory_mb} MB memory, {sandbox.disk_size_mb} MB disk",
+            "warn",
+        )
+    return {
+        "templateID": name,
+        "buildID": build.build_id,
+        "public": False,
+        "names": [name],
+        "tags": [],
+        "aliases": [name],
+    }
+
+
+@router.get("/templates/{template_id}/files/{files_hash}", status_code=201)
+async def file_upload_link(request: Request, template_id: str, files_hash: str) -> None:
+    """Upload links for COPY steps, which cannot be built yet: always refused."""
+    builds = _tracker(request).of_template(template_id)
+    if not builds:
+        await asyncio.to_thread(_catalog(request).templates.get, template_id)
+    message = (
+        "steps: COPY is not supported yet (build steps need build sandboxes); "
+        "bake the files into the image and use from_image"
+    )
+    waiting = [b for b in builds if b.status == "waiting"]
+    if waiting:
+        # The SDK gives up on this build here; its status should say why.
+        waiting[-1].fail(message)
+    raise InvalidInput(message)
+
+
+def _refusal(body: BuildStart) -> str | None:
+    """Why this recipe cannot be built here, naming the field; None if it can."""
+    if body.steps:
+        kinds = ", ".join(dict.fromkeys(str(step.get("type", "?")) for step in body.steps))
+        return (
+            f"steps: build steps are not supported yet (got {kinds}); they need build "
+            "sandboxes. Bake them into the image and use from_image"
+        )
+    for field, value in (("startCmd", body.startCmd), ("readyCmd", body.readyCmd)):
+        if value is not None:
+            return f"{field}: start and ready commands are not supported yet"
+    if (body.fromImage is None) == (body.fromTemplate is None):
+        return "send exactly one of fromImage and fromTemplate"
+    if body.fromTemplate is not None:
+        if body.fromImageRegistry is not None:
+            return "fromImageRegistry: only applies to fromImage"
+        if body.fromTemplate == BASE:
+            return "fromTemplate: the built-in 'base' template cannot be a parent yet"
+    if isinstance(body.fromImageRegistry, AwsRegistry):
+        return "fromImageRegistry: type 'aws' (ECR) is not supported yet; use type 'registry'"
+    return None
+
+
+def _credentials(body: BuildStart) -> tuple[str, str] | None:
+    registry = body.fromImageRegistry
+    if isinstance(registry, GeneralRegistry):
+        return registry.username, registry.password
+    if isinstance(registry, GcpRegistry):
+        # Google's registries take a service account key as Basic auth under this user.
+        return "_json_key", registry.serviceAccountJson
+    return None
+
+
+@router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
+async def start_build(
+    request: Request, template_id: str, build_id: str, body: BuildStart
+) -> Response:
+    """Start a registered build in the background; 202 at once, progress in its status."""
+    build = _tracker(request).get(template_id, build_id)
+    if build.status != "waiting":
+        raise Conflict(f"build '{build_id}' was already started ({build.status})")
+    refusal = _refusal(body)
+    if refusal is None and body.fromImage is not None:
+        try:
+            parse_reference(body.fromImage)
+        except AenvError as exc:
+            refusal = f"fromImage: {exc.message}"
+    if refusal is not None:
+        build.fail(refusal)
+        raise InvalidInput(refusal)
+    build.start()
+    if body.force:
+        build.log("force: layers are content-addressed, so a forced build reuses them too")
+    if body.fromImage is not None:
+        work = _pull(request, build, body.fromImage, _credentials(body))
+    else:
+        work = _copy(request, build, body.fromTemplate or "")
+    task = asyncio.create_task(_run(build, work))
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+    return Response(status_code=202)
+
+
+async def _run(build: Build, work: Coroutine[Any, Any, None]) -> None:
+    try:
+        await work
+    except AenvError as exc:
+        build.fail(exc.message)
+    except Exception as exc:
+        build.fail(f"build failed: {exc}")
+
+
+async def _pull(
+    request: Request, build: Build, image: str, credentials: tuple[str, str] | None
+) -> None:
+    puller: ImagePuller = request.app.state.puller
+    progress = build.progress()
+    if credentials is None:
+        record = await asyncio.to_thread(puller.pull, image, build.template_id, progress)
+    else:
+        record = await asyncio.to_thread(
+            _pull_with, request.app.state.config, puller, image, credentials, build, progress
+        )
+    build.succeed(f"template {record.template_id} ready: {record.source} ({record.digest})")
+
+
+def _pull_with(
+    cfg: Any,
+    puller: ImagePuller,
+    image: str,
+    credentials: tuple[str, str],
+    build: Build,
+    progress: Callable[[str], None],
+) -> TemplateRecord:
+    """Pull through a client of this build's own, so its credentials reach no other pull."""
+    ref = parse_reference(image)
+    registry = RegistryClient(
+        credentials={ref.registry: credentials},
+        insecure_registries=cfg.registry.insecure_hosts(),
+        mirrors=cfg.registry.mirror_map(),
+        platform=cfg.registry.platform,
+    )
+    # Same store, templates and per-image locks; only the registry client differs.
+    own = copy.copy(puller)
+    own.registry = registry
+    try:
+        return own.pull(image, build.template_id, progress)
+    finally:
+        registry.close()
+
+
+async def _copy(request: Request, build: Build, parent: str) -> None:
+    templates = _catalog(request).templates
+    record = await asyncio.to_thread(templates.get, parent)
+    build.log(f"from template {parent}: {record.source} ({record.digest})")
+    copied = dataclasses.replace(
+        record, template_id=build.template_id, created_at=datetime.now(UTC).isoformat()
+    )
+    await asyncio.to_thread(templates.save, copied)
+    build.succeed(f"template {build.template_id} ready: a copy of {parent}")
+
+
+@router.get("/templates/{template_id}/builds/{build_id}/status")
+async def build_status(
+    request: Request,
+    template_id: str,
+    build_id: str,
+    logsOffset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=0, le=100)] = 100,
+    level: LogLevel | None = None,
+) -> dict[str, Any]:
+    """`TemplateBuildInfo`: status, a page of log entries, and why a failed build failed."""
+    build = _tracker(request).get(template_id, build_id)
+    # Read the status first: a build that is finished here has all of its lines logged.
+    status = build.status
+    page = build.logs(level)[logsOffset : logsOffset + limit]
+    entries = [{"timestamp": e.timestamp, "level": e.level, "message": e.message} for e in page]
+    info: dict[str, Any] = {
+        "templateID": build.template_id,
+        "buildID": build.build_id,
+        "status": status,
+        "logEntries": entries,
+        "logs": [f"[{e.timestamp}] {e.message}" for e in page],
+    }
+    if status == "error":
+        info["reason"] = {"message": build.reason or "build failed"}
+    return info

@@ -1,0 +1,116 @@
+"""The unmodified `e2b` SDK's template builder against a live server: templates from images."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox, Template
+from e2b.exceptions import BuildException, FileUploadException
+from e2b.template.types import TemplateBuildStatus
+
+from ..images.oci_build import LayerBuilder, build_image, build_layer, push_image
+from ..images.registry_server import running_registry
+from ..live import TEST_KEY, LiveServer
+from . import test_images
+from .test_images import APP_DATA, Images, sha
+
+# The module-scoped registry with test images, shared with test_images.py.
+images = test_images.images
+
+pytestmark = pytest.mark.vm
+
+
+@pytest.fixture(autouse=True)
+def e2b_env(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("E2B_API_URL", server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
+    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+
+
+@pytest.fixture(scope="module")
+def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A registry that wants a password, holding one small image."""
+    with running_registry(tmp_path_factory.mktemp("private"), {"builder": "s3cret"}) as registry:
+        layer = build_layer(LayerBuilder().file("hello.txt", b"hello\n"), "gzip")
+        push_image(registry.url, "team/tiny", "v1", build_image([layer]), auth=registry.auth)
+        yield f"{registry.host}/team/tiny:v1"
+
+
+def _template_ids(server: LiveServer) -> set[str]:
+    with server.client() as api:
+        return {t["templateID"] for t in api.get("/v2/templates").json()}
+
+
+def test_build_from_image_then_sandbox(server: LiveServer, images: Images) -> None:
+    logs: list[str] = []
+    info = Template.build(
+        Template().from_image(images.app),
+        alias="built-app",
+        cpu_count=1,
+        memory_mb=512,
+        on_build_logs=lambda entry: logs.append(entry.message),
+    )
+    assert info.template_id == "built-app"
+    assert any("template built-app ready" in line for line in logs), logs
+    assert "built-app" in _template_ids(server)
+    assert Template.exists("built-app")
+
+    sandbox = Sandbox.create("built-app")
+    try:
+        result = sandbox.commands.run("whoami; echo $APP_MODE; sha256sum /srv/app/data.bin")
+        lines = result.stdout.splitlines()
+        assert lines[:2] == ["user", "test"]
+        assert lines[2].split()[0] == sha(APP_DATA)
+    finally:
+        sandbox.kill()
+
+
+def test_build_in_background_from_template(server: LiveServer, images: Images) -> None:
+    if "built-app" not in _template_ids(server):
+        Template.build(Template().from_image(images.app), alias="built-app")
+    info = Template.build_in_background(Template().from_template("built-app"), "built-copy")
+    deadline = time.monotonic() + 60
+    status = Template.get_build_status(info)
+    while status.status == TemplateBuildStatus.BUILDING and time.monotonic() < deadline:
+        time.sleep(0.2)
+        status = Template.get_build_status(info)
+    assert status.status == TemplateBuildStatus.READY, status
+    assert "built-copy" in _template_ids(server)
+
+
+def test_missing_image_is_a_build_error(images: Images) -> None:
+    with pytest.raises(BuildException, match="404"):
+        Template.build(
+            Template().from_image(f"{images.registry.host}/demo/none:v1"), alias="built-none"
+        )
+
+
+def test_build_steps_are_refused(images: Images) -> None:
+    with pytest.raises(BuildException, match="400: steps: build steps are not supported"):
+        Template.build(Template().from_image(images.app).run_cmd("echo hi"), alias="built-run")
+    with pytest.raises(BuildException, match="startCmd"):
+        Template.build(
+            Template().from_image(images.app).set_start_cmd("sleep 1", "true"), alias="built-s"
+        )
+
+
+def test_copy_steps_are_refused(images: Images, tmp_path: Path) -> None:
+    (tmp_path / "app.txt").write_text("app")
+    recipe = Template(file_context_path=tmp_path).from_image(images.app).copy("app.txt", "/srv/")
+    with pytest.raises(FileUploadException, match="400: steps: COPY is not supported"):
+        Template.build(recipe, alias="built-copy-step")
+
+
+def test_registry_credentials(server: LiveServer, private: str) -> None:
+    ref = private
+    with pytest.raises(BuildException, match="authentication failed"):
+        Template.build(
+            Template().from_image(ref, username="builder", password="wrong"), alias="built-tiny"
+        )
+    Template.build(
+        Template().from_image(ref, username="builder", password="s3cret"), alias="built-tiny"
+    )
+    assert "built-tiny" in _template_ids(server)
