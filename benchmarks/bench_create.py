@@ -10,21 +10,19 @@ Run: `python -m benchmarks.bench_create [--runs N]` from the repository root.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from agentenv.cli.client import EnvdClient
 from agentenv.config import load_config
 from agentenv.guest.kit import build_kit
 from agentenv.images.base import build_base_template
 from tests.live import LiveServer
 from tests.rawvm import RawVm
 
-from .harness import live_server
+from .harness import create_to_first_output, live_server
 
 
 def _summary(name: str, samples: list[float], **extra: object) -> dict:
@@ -38,20 +36,10 @@ def _summary(name: str, samples: list[float], **extra: object) -> dict:
     }
 
 
-def create_to_first_output(server: LiveServer) -> float:
-    start = time.perf_counter()
+def create_then_kill(server: LiveServer) -> float:
+    elapsed, sandbox_id = create_to_first_output(server)
     with server.client() as api:
-        sandbox = api.post("/v2/sandboxes", json={"templateID": "base"}).json()
-    envd = EnvdClient(server.url, sandbox["sandboxID"])
-    message = {"process": {"cmd": "/bin/echo", "args": ["ready"]}, "stdin": False}
-    with envd:
-        for event in envd.stream("process.Process/Start", message):
-            data = event.get("event", {}).get("data", {})
-            if base64.b64decode(data.get("stdout", "")) == b"ready\n":
-                break
-    elapsed = time.perf_counter() - start
-    with server.client() as api:
-        api.delete(f"/sandboxes/{sandbox['sandboxID']}")
+        api.delete(f"/sandboxes/{sandbox_id}")
     return elapsed
 
 
@@ -110,7 +98,7 @@ def main() -> None:
         ours, raw = [], []
         # Interleaved, so both paths see the same background load.
         for _ in range(args.runs):
-            ours.append(create_to_first_output(server))
+            ours.append(create_then_kill(server))
             raw.append(raw_boot_to_health(server.home))
         print(json.dumps(_summary("create_to_first_output", ours)))
         print(json.dumps(_summary("raw_qemu_boot_to_agent_health", raw)))

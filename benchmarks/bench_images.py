@@ -11,7 +11,6 @@ Run: `python -m benchmarks.bench_images [--part lazy|fuse|zipf]` from the reposi
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import math
 import os
@@ -29,7 +28,6 @@ from pathlib import Path
 
 import httpx
 
-from agentenv.cli.client import EnvdClient
 from agentenv.config import load_config
 from agentenv.images.base import build_base_template
 from agentenv.images.convert import load_layer, loop_mount, materialize
@@ -43,6 +41,8 @@ from tests.images.oci_build import LayerBuilder, build_image, build_layer, push_
 from tests.images.registry_server import running_registry
 from tests.live import TEST_KEY, LiveServer
 
+from .harness import create_to_first_output, live_server
+
 TEMPLATE = "big"
 MIB = 2**20
 
@@ -53,21 +53,6 @@ def emit(doc: dict) -> None:
 
 def log(message: str) -> None:
     print(f"# {message}", file=sys.stderr, flush=True)
-
-
-@contextmanager
-def server_with(extra_env: dict[str, str] | None = None) -> Iterator[LiveServer]:
-    """`harness.live_server()` with config overrides: a started server, closed on exit."""
-    with tempfile.TemporaryDirectory(prefix="aenv-bench-") as tmp:
-        server = LiveServer(Path(tmp), extra_env=dict(extra_env or {}))
-        try:
-            server.start()
-            yield server
-        except Exception:
-            print(server.log_tail(), file=sys.stderr)
-            raise
-        finally:
-            server.close()
 
 
 # -- the ~1 GB image ---------------------------------------------------------------------
@@ -116,24 +101,6 @@ def pull(server: LiveServer, ref: str) -> None:
     raise RuntimeError("pull stream ended without a template")
 
 
-def create_to_first_output(server: LiveServer, template: str) -> float:
-    """Create from `template`, run `echo ready`; seconds until its output arrives."""
-    start = time.perf_counter()
-    with server.client() as api:
-        created = api.post("/v2/sandboxes", json={"templateID": template})
-        if created.status_code != 201:
-            raise RuntimeError(f"create failed: {created.status_code} {created.text[:500]}")
-        sandbox = created.json()
-    envd = EnvdClient(server.url, sandbox["sandboxID"])
-    message = {"process": {"cmd": "/bin/echo", "args": ["ready"]}, "stdin": False}
-    with envd:
-        for event in envd.stream("process.Process/Start", message):
-            data = event.get("event", {}).get("data", {})
-            if base64.b64decode(data.get("stdout", "")) == b"ready\n":
-                break
-    return time.perf_counter() - start
-
-
 @contextmanager
 def big_image(data_mb: int, files: int, tmp: Path) -> Iterator[BigImage]:
     """Build, push, and convert the image once into a shared store (the "other node")."""
@@ -143,7 +110,7 @@ def big_image(data_mb: int, files: int, tmp: Path) -> Iterator[BigImage]:
         t1 = time.perf_counter()
         ref = f"{registry.host}/bench/big:v1"
         shared = tmp / "shared-objects"
-        with server_with({"AENV_STORAGE_POSIX_ROOT": str(shared)}) as seeder:
+        with live_server({"AENV_STORAGE_POSIX_ROOT": str(shared)}) as seeder:
             pull(seeder, ref)
         t2 = time.perf_counter()
         store = PosixObjectStore(shared)
@@ -173,8 +140,8 @@ def big_image(data_mb: int, files: int, tmp: Path) -> Iterator[BigImage]:
 
 def lazy_run(image: BigImage) -> dict:
     """A new node on the shared store: empty chunk cache, its own block daemon."""
-    with server_with({"AENV_STORAGE_POSIX_ROOT": str(image.shared_root)}) as server:
-        elapsed = create_to_first_output(server, TEMPLATE)
+    with live_server({"AENV_STORAGE_POSIX_ROOT": str(image.shared_root)}) as server:
+        elapsed = create_to_first_output(server, TEMPLATE)[0]
         stats = BlockdClient(load_config(env=server.env)).stats()
     cache = stats["cache"]
     fetched, misses = cache["fetched_bytes"], cache["misses"]
@@ -183,11 +150,11 @@ def lazy_run(image: BigImage) -> dict:
 
 def eager_run(image: BigImage) -> dict:
     """A new node with its own empty store: download + convert, then create."""
-    with server_with() as server:
+    with live_server() as server:
         start = time.perf_counter()
         pull(server, image.ref)
         pulled = time.perf_counter() - start
-        created = create_to_first_output(server, TEMPLATE)
+        created = create_to_first_output(server, TEMPLATE)[0]
     return {"s": pulled + created, "pull_s": pulled, "create_s": created}
 
 

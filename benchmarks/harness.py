@@ -1,25 +1,46 @@
-"""A live server for one benchmark run, with its log shown if the run fails."""
+"""Shared by the benchmarks: a live server for one run, and the create-to-output probe."""
 
 from __future__ import annotations
 
+import base64
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from agentenv.cli.client import EnvdClient
 from tests.live import LiveServer
 
 
 @contextmanager
-def live_server() -> Iterator[LiveServer]:
+def live_server(extra_env: Mapping[str, str] | None = None) -> Iterator[LiveServer]:
+    """A started server with its own home (and config overrides), closed on exit."""
     with tempfile.TemporaryDirectory(prefix="aenv-bench-") as tmp:
-        server = LiveServer(Path(tmp))
-        server.start()
+        server = LiveServer(Path(tmp), extra_env=dict(extra_env or {}))
         try:
+            server.start()
             yield server
         except Exception:
             print(server.log_tail(), file=sys.stderr)
             raise
         finally:
             server.close()
+
+
+def create_to_first_output(server: LiveServer, template: str = "base") -> tuple[float, str]:
+    """Create from `template` and run `echo ready`: (seconds until its output, sandbox id)."""
+    start = time.perf_counter()
+    with server.client() as api:
+        created = api.post("/v2/sandboxes", json={"templateID": template})
+    if created.status_code != 201:
+        raise RuntimeError(f"create failed: {created.status_code} {created.text[:500]}")
+    sandbox_id = created.json()["sandboxID"]
+    message = {"process": {"cmd": "/bin/echo", "args": ["ready"]}, "stdin": False}
+    with EnvdClient(server.url, sandbox_id) as envd:
+        for event in envd.stream("process.Process/Start", message):
+            data = event.get("event", {}).get("data", {})
+            if base64.b64decode(data.get("stdout", "")) == b"ready\n":
+                break
+    return time.perf_counter() - start, sandbox_id
