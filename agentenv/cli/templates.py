@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import re
 
+from ..images.progress import parse_byte_progress
 from .context import CliError, Context
 from .output import print_json, render_table
-
-_BYTES = re.compile(r"^(?P<label>.*): (?P<done>\d+)/(?P<size>\d+) bytes$")
 
 
 def _bar(done: int, size: int, width: int = 30) -> str:
@@ -24,14 +22,13 @@ def cmd_pull(ctx: Context, args: argparse.Namespace) -> int:
         for event in api.pull(args.image, args.name):
             if "progress" in event:
                 line = event["progress"]
-                match = _BYTES.match(line)
-                if match and tty:
-                    bar = _bar(int(match["done"]), int(match["size"]))
-                    ctx.stderr.write(f"\r{match['label']} {bar}")
+                counter = parse_byte_progress(line)
+                if counter and tty:
+                    ctx.stderr.write(f"\r{counter.label} {_bar(counter.done, counter.total)}")
                     ctx.stderr.flush()
                     drawing = True
                     continue
-                if match:
+                if counter:
                     continue  # byte counts only make sense as a bar
                 if drawing:
                     ctx.stderr.write("\n")

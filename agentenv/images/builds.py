@@ -6,7 +6,6 @@ template registry). Finished builds beyond `keep` are dropped, oldest first.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import uuid
@@ -16,13 +15,11 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from ..errors import NotFound
+from .progress import parse_byte_progress
 
 BuildStatus = Literal["waiting", "building", "ready", "error"]
 LogLevel = Literal["debug", "info", "warn", "error"]
 LEVELS: tuple[LogLevel, ...] = ("debug", "info", "warn", "error")
-
-# Byte counters of blob downloads (`layer 1/2 sha256:…: 1048576/3145728 bytes`).
-_BYTES = re.compile(r"^(?P<label>.*): (?P<done>\d+)/(?P<total>\d+) bytes$")
 
 
 def _now() -> str:
@@ -87,14 +84,14 @@ class Build:
         last: dict[str, float] = {}
 
         def report(line: str) -> None:
-            match = _BYTES.match(line)
-            if match:
-                label, done = match["label"], match["done"]
+            counter = parse_byte_progress(line)
+            if counter:
                 now = time.monotonic()
                 # A download reports every chunk; keep the first, the last, one per interval.
-                if done != match["total"] and now - last.get(label, -interval) < interval:
+                recent = now - last.get(counter.label, -interval) < interval
+                if counter.done != counter.total and recent:
                     return
-                last[label] = now
+                last[counter.label] = now
             self.log(line)
 
         return report

@@ -17,6 +17,7 @@ from ..storage.layer import LayerIndex, Stack, chain_id
 from ..storage.objectstore import ObjectStore
 from .blobs import open_layer_stream
 from .convert import convert_layer, format_layer, load_layer, materialize
+from .progress import byte_progress
 from .reference import ImageRef, parse_reference
 from .registry import RegistryClient, ResolvedImage
 from .templates import TemplateRecord, TemplateRegistry, validate_name
@@ -105,7 +106,7 @@ class ImagePuller:
                 label = f"layer {n}/{total} {desc.digest[:19]}"
 
                 def report(done: int, size: int, label: str = label) -> None:
-                    progress(f"{label}: {done}/{size} bytes")
+                    progress(byte_progress(label, done, size))
 
                 self.registry.fetch_blob(resolved.ref, desc, blob, report)
                 nxt = work / "next.img"
