@@ -10,16 +10,7 @@ import pytest
 from e2b import AsyncSandbox, CommandExitException, Sandbox
 from e2b.exceptions import NotFoundException, SandboxException, TimeoutException
 
-from ..live import TEST_KEY, LiveServer
-
-pytestmark = pytest.mark.vm
-
-
-@pytest.fixture(autouse=True)
-def e2b_env(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
-    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
 
 
 @pytest.fixture

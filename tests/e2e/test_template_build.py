@@ -13,21 +13,14 @@ from e2b.template.types import TemplateBuildStatus
 
 from ..images.oci_build import LayerBuilder, build_image, build_layer, push_image
 from ..images.registry_server import running_registry
-from ..live import TEST_KEY, LiveServer
+from ..live import LiveServer
 from . import test_images
 from .test_images import APP_DATA, Images, sha
 
 # The module-scoped registry with test images, shared with test_images.py.
 images = test_images.images
 
-pytestmark = pytest.mark.vm
-
-
-@pytest.fixture(autouse=True)
-def e2b_env(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
-    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
 
 
 @pytest.fixture(scope="module")
