@@ -41,6 +41,8 @@ class SandboxConfig:
     disk_size_mb: int = 4096
     boot_timeout: float = 90.0
     boot_attempts: int = 2
+    # Restore sandboxes from a per-shape snapshot of a booted guest instead of booting.
+    boot_snapshots: bool = True
     # Host memory/disk kept free; creation answers 503 below these.
     min_free_memory_mb: int = 512
     min_free_disk_mb: int = 1024

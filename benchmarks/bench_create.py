@@ -1,8 +1,10 @@
-"""Cold create → first command output through the API, side by side with a raw QEMU boot.
+"""Create → first command output through the API, restored and booted, next to raw floors.
 
-Prints JSON lines. The raw floor boots the same kernel, initramfs and disks with plain
-QEMU and user-mode networking, and waits for the agent's /health: what is left of our
-figure above it is the cost of the API, namespaces, taps and bookkeeping.
+Prints JSON lines. Two servers: one restoring sandboxes from the boot snapshot (the
+default), one booting them (`AENV_SANDBOX_BOOT_SNAPSHOTS=false`). Floors: plain QEMU
+booting the same kernel, initramfs and disks with user-mode networking until the agent's
+/health, and the QEMU driver alone restoring the same snapshot until the guest runs.
+What is left above a floor is the API, namespaces, taps, disk overlay, /init and exec.
 Also prints the resident memory of idle sandboxes' VMM processes.
 Run: `python -m benchmarks.bench_create [--runs N]` from the repository root.
 """
@@ -10,19 +12,27 @@ Run: `python -m benchmarks.bench_create [--runs N]` from the repository root.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from agentenv.config import load_config
-from agentenv.guest.kit import build_kit
+from agentenv.guest.kit import build_kit, load_kit
 from agentenv.images.base import build_base_template
+from agentenv.net.netns import TAP_NAME, create_detached_tap, destroy_network
+from agentenv.runtime.bootsnap import DISK_BYTES
+from agentenv.runtime.manager import guest_kernel_args
+from agentenv.vmm.driver import DiskSpec, VmSpec
+from agentenv.vmm.qemu import QemuDriver
+from agentenv.vmm.qemuimg import create_qcow2
 from tests.live import LiveServer
 from tests.rawvm import RawVm
 
-from .harness import create_to_first_output, live_server
+from .harness import create_to_first_output, live_server, wait_snapshot
 
 
 def _summary(name: str, samples: list[float], **extra: object) -> dict:
@@ -56,6 +66,38 @@ def raw_boot_to_health(workdir: Path) -> float:
         return time.perf_counter() - start
     finally:
         vm.stop()
+
+
+async def raw_restore(snapshot: Path, workdir: Path) -> float:
+    """The QEMU driver alone: restore the snapshot until the guest runs (no API, no /init)."""
+    cfg = load_config()
+    kit = load_kit(cfg)
+    assert kit is not None
+    netns = f"aenvbench-{os.getpid()}"
+    await create_detached_tap(netns)
+    try:
+        disk = workdir / "disk.qcow2"
+        await create_qcow2(disk, DISK_BYTES)
+        spec = VmSpec(
+            name=f"aenv-bench-{os.getpid()}",
+            vcpus=1,
+            memory_mb=256,
+            kernel=kit.kernel,
+            initrd=kit.initrd,
+            disks=(DiskSpec(kit.runtime_disk, "raw", read_only=True), DiskSpec(disk, "qcow2")),
+            workdir=workdir,
+            kernel_args=guest_kernel_args(cfg),
+            netns=netns,
+            tap=TAP_NAME,
+        )
+        driver = QemuDriver(cfg.vmm.qemu_binary, "tcg")
+        start = time.perf_counter()
+        handle = await driver.restore(spec, snapshot)
+        elapsed = time.perf_counter() - start
+        await driver.stop(handle)
+        return elapsed
+    finally:
+        await destroy_network(netns)
 
 
 def idle_rss(server: LiveServer, count: int, settle_s: float) -> dict:
@@ -92,19 +134,35 @@ def idle_rss(server: LiveServer, count: int, settle_s: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--cold-runs", type=int, default=3)
     parser.add_argument("--idle", type=int, default=3)
     args = parser.parse_args()
     with live_server() as server:
-        ours, raw = [], []
+        snapshot = wait_snapshot(server, 256)
+        restored, floor = [], []
         # Interleaved, so both paths see the same background load.
         for _ in range(args.runs):
-            ours.append(create_then_kill(server))
+            restored.append(create_then_kill(server))
+            with tempfile.TemporaryDirectory(dir=server.home) as tmp:
+                floor.append(asyncio.run(raw_restore(snapshot, Path(tmp))))
+        print(json.dumps(_summary("create_to_first_output_restored", restored)))
+        print(json.dumps(_summary("raw_qemu_restore_to_running", floor)))
+        idle = idle_rss(server, args.idle, settle_s=10)
+    with live_server({"AENV_SANDBOX_BOOT_SNAPSHOTS": "false"}) as server:
+        booted, raw = [], []
+        for _ in range(args.cold_runs):
+            booted.append(create_then_kill(server))
             raw.append(raw_boot_to_health(server.home))
-        print(json.dumps(_summary("create_to_first_output", ours)))
+        print(json.dumps(_summary("create_to_first_output_booted", booted)))
         print(json.dumps(_summary("raw_qemu_boot_to_agent_health", raw)))
-        ratio = statistics.median(ours) / statistics.median(raw)
-        print(json.dumps({"bench": "create_vs_raw_ratio", "p50_ratio": round(ratio, 2)}))
-        print(json.dumps(idle_rss(server, args.idle, settle_s=10)))
+    p50 = statistics.median
+    ratios = {
+        "restored_over_raw_restore": round(p50(restored) / p50(floor), 2),
+        "booted_over_raw_boot": round(p50(booted) / p50(raw), 2),
+        "restored_over_booted": round(p50(restored) / p50(booted), 3),
+    }
+    print(json.dumps({"bench": "create_ratios", **ratios}))
+    print(json.dumps(idle))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import sys
 import tempfile
 import time
@@ -11,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from agentenv.cli.client import EnvdClient
+from agentenv.config import load_config
+from agentenv.guest.kit import load_kit
 from tests.live import LiveServer
 
 
@@ -44,3 +47,17 @@ def create_to_first_output(server: LiveServer, template: str = "base") -> tuple[
             if base64.b64decode(data.get("stdout", "")) == b"ready\n":
                 break
     return time.perf_counter() - start, sandbox_id
+
+
+def wait_snapshot(server: LiveServer, memory_mb: int = 256, timeout: float = 300) -> Path:
+    """The server's boot snapshot directory, once it is complete."""
+    cfg = load_config(env=server.env)
+    kit = load_kit(cfg)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for meta in (cfg.kit_dir / "boot-snapshots").glob("*/meta.json"):
+            doc = json.loads(meta.read_text())
+            if kit and doc["kit"] == kit.version and doc["memory_mb"] == memory_mb:
+                return meta.parent
+        time.sleep(0.5)
+    raise RuntimeError("no boot snapshot within the timeout")

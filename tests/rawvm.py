@@ -23,6 +23,19 @@ def _envelope(message: dict) -> bytes:
     return struct.pack(">BI", 0, len(body)) + body
 
 
+def init_agent(port: int) -> None:
+    """`/init` as the manager sends it: the agent attaches the user's disk only then."""
+    body = json.dumps({"envVars": {}}).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/init",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=60) as response:
+        assert response.status == 204
+
+
 def run_command(port: int, cmd: str, args: list[str]) -> tuple[int | None, str]:
     """Start a process through the agent's Connect API; return (exit code, stdout)."""
     req = urllib.request.Request(

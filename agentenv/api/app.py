@@ -21,7 +21,8 @@ from ..images.registry import RegistryClient
 from ..images.templates import TemplateRegistry
 from ..net.netns import ensure_host_forwarding
 from ..proxy.router import SandboxProxy
-from ..runtime.manager import SandboxManager
+from ..runtime.bootsnap import BootSnapshots, Shape
+from ..runtime.manager import SandboxManager, guest_kernel_args
 from ..runtime.recovery import recover
 from ..storage.blockd import BlockdClient
 from ..storage.stores import open_object_store
@@ -72,9 +73,19 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
             cfg.sandbox.disk_size_mb * 2**20,
         )
         store = SqliteSandboxStore(cfg.state_db)
-        manager = SandboxManager(
-            cfg, store, QemuDriver(cfg.vmm.qemu_binary, accel.name), kit, catalog
-        )
+        driver = QemuDriver(cfg.vmm.qemu_binary, accel.name)
+        snapshots = None
+        if cfg.sandbox.boot_snapshots:
+            snapshots = BootSnapshots(
+                cfg.kit_dir / "boot-snapshots",
+                kit,
+                driver,
+                guest_kernel_args(cfg),
+                accel.name,
+                cfg.sandbox.boot_timeout,
+            )
+            snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
+        manager = SandboxManager(cfg, store, driver, kit, catalog, snapshots)
         await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix)
         await recover(manager)
         app.state.manager = manager
@@ -86,6 +97,8 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            if snapshots is not None:
+                await snapshots.close()
             await store.close()
             registry.close()
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import os
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -34,8 +37,13 @@ class AgentClient:
         user: str | None = None,
         workdir: str | None = None,
     ) -> None:
-        """Hand the agent the sandbox's environment, token, default user and workdir."""
-        body: dict[str, object] = {"envVars": env_vars}
+        """Hand the agent the sandbox's environment, token, defaults, clock and entropy."""
+        body: dict[str, object] = {
+            "envVars": env_vars,
+            "timestamp": datetime.now(UTC).isoformat(),
+            # Clones of one boot snapshot share the kernel's random state until reseeded.
+            "entropy": base64.b64encode(os.urandom(64)).decode(),
+        }
         if access_token:
             body["accessToken"] = access_token
         if user:

@@ -1,12 +1,12 @@
 #!/bin/sh
 # AgentENV guest /init (busybox sh in the initramfs). Mounts the read-only runtime disk at
-# /rt and the user's root filesystem at /rt/rootfs, sets up the network from aenv.* kernel
-# arguments, then hands PID 1 to busybox init, which runs and respawns the agent.
+# /rt, sets up the network from aenv.* kernel arguments, then hands PID 1 to busybox init,
+# which runs and respawns the agent. The user's disk is attached by the agent on its first
+# /init call, not here: a VM restored from a boot snapshot gets its disk only then.
 export PATH=/bin:/sbin
 
 AGENT_PORT=49983
 RUNTIME_LABEL=aenv-runtime
-ROOTFS_LABEL=aenv-rootfs
 
 fatal() {
     echo "aenv: FATAL $*"
@@ -26,18 +26,14 @@ done </lib/modules/load-order
 
 AENV_IP=
 AENV_GW=
-AENV_HOSTNAME=
-AENV_DNS=
 for arg in $(cat /proc/cmdline); do
     case "$arg" in
         aenv.ip=*) AENV_IP="${arg#aenv.ip=}" ;;
         aenv.gw=*) AENV_GW="${arg#aenv.gw=}" ;;
-        aenv.hostname=*) AENV_HOSTNAME="${arg#aenv.hostname=}" ;;
-        aenv.dns=*) AENV_DNS="${arg#aenv.dns=}" ;;
     esac
 done
 
-# Disks are found by label: the VMM's device order is not a contract.
+# The runtime disk is found by label: the VMM's device order is not a contract.
 find_label() {
     tries=0
     while [ "$tries" -lt 100 ]; do
@@ -49,11 +45,9 @@ find_label() {
 }
 
 RT_DEV="$(find_label "$RUNTIME_LABEL")" || fatal "no disk labelled $RUNTIME_LABEL"
-ROOT_DEV="$(find_label "$ROOTFS_LABEL")" || fatal "no disk labelled $ROOTFS_LABEL"
 
 mkdir -p /rt
 mount -t ext4 -o ro "$RT_DEV" /rt || fatal "mount runtime disk $RT_DEV"
-mount -t ext4 -o rw "$ROOT_DEV" /rt/rootfs || fatal "mount user rootfs $ROOT_DEV"
 
 # The agent's view (/rt).
 mount -t proc proc /rt/proc || fatal "mount /rt/proc"
@@ -68,19 +62,7 @@ mount -t tmpfs -o mode=1777,nosuid,nodev shm /rt/dev/shm || fatal "mount /rt/dev
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /rt/tmp || fatal "mount /rt/tmp"
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /rt/run || fatal "mount /rt/run"
 
-# The user's view (/rt/rootfs): the same /dev (one devpts, so agent ptys show up there).
-for dir in proc sys dev run; do
-    [ -d "/rt/rootfs/$dir" ] || mkdir -p "/rt/rootfs/$dir" || fatal "mkdir /rootfs/$dir"
-done
-mount -t proc proc /rt/rootfs/proc || fatal "mount /rootfs/proc"
-mount -t sysfs sysfs /rt/rootfs/sys || fatal "mount /rootfs/sys"
-mount -o rbind /rt/dev /rt/rootfs/dev || fatal "bind /rootfs/dev"
-mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /rt/rootfs/run || fatal "mount /rootfs/run"
-
-if [ -z "$AENV_HOSTNAME" ] && [ -f /rt/rootfs/etc/hostname ]; then
-    read -r AENV_HOSTNAME </rt/rootfs/etc/hostname
-fi
-hostname "${AENV_HOSTNAME:-sandbox}"
+hostname sandbox
 
 ip link set lo up || fatal "lo up"
 if [ -n "$AENV_IP" ]; then
@@ -90,18 +72,13 @@ if [ -n "$AENV_IP" ]; then
         ip route add default via "$AENV_GW" || fatal "default route via $AENV_GW"
     fi
 fi
-if [ -n "$AENV_DNS" ]; then
-    # Replace, not follow, a symlink: its target would resolve in the initramfs.
-    rm -f /rt/rootfs/etc/resolv.conf
-    echo "nameserver $AENV_DNS" >/rt/rootfs/etc/resolv.conf
-fi
 
 cat >/aenv-agent <<AGENT
 #!/bin/sh
 echo "aenv: agent starting"
 chroot /rt /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
     PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/opt/aenv \
-    /usr/bin/python3 -m aenv_agent --port $AGENT_PORT --rootfs /rootfs
+    /usr/bin/python3 -m aenv_agent --port $AGENT_PORT --rootfs /rootfs --guest
 echo "aenv: agent exited with status \$?"
 # Respawning at once would spin if the agent cannot start at all.
 sleep 1

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TAP_NAME = "tap0"
+GATEWAY_MAC = "02:fc:00:00:00:01"
 _NETNS_DIR = Path("/run/netns")
 
 
@@ -137,6 +138,8 @@ async def create_network(plan: NetworkPlan, allow_internet: bool) -> None:
                 f"link set {plan.ns_veth} up",
                 f"route add default via {plan.host_ip}",
                 f"tuntap add {TAP_NAME} mode tap",
+                # Fixed, so a guest restored from a snapshot finds its gateway's MAC unchanged.
+                f"link set {TAP_NAME} address {GATEWAY_MAC}",
                 f"addr add {plan.guest_gateway}/{plan.guest_prefix} dev {TAP_NAME}",
                 f"link set {TAP_NAME} up",
             ]
@@ -150,6 +153,18 @@ async def create_network(plan: NetworkPlan, allow_internet: bool) -> None:
         )
     except BaseException:
         await destroy_network(plan.netns, plan.host_veth)
+        raise
+
+
+async def create_detached_tap(netns: str) -> None:
+    """A namespace holding only an up `tap0`: a NIC like a sandbox's, connected to nothing."""
+    await _run("ip", "netns", "add", netns)
+    try:
+        batch = f"tuntap add {TAP_NAME} mode tap\nlink set {TAP_NAME} address {GATEWAY_MAC}\n"
+        batch += f"link set {TAP_NAME} up"
+        await _run("ip", "-n", netns, "-batch", "-", stdin=batch.encode())
+    except BaseException:
+        await destroy_network(netns)
         raise
 
 

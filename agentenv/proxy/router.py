@@ -13,6 +13,7 @@ import httpx
 
 from ..runtime.manager import Route
 from .target import BadTarget, Target, find_target
+from .upstream import UpstreamClients
 from .websocket import bridge_websocket
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,7 @@ class SandboxProxy:
         self.app = app
         self._resolve = resolve
         self._domain = domain
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
-        )
+        self._upstreams = UpstreamClients(resolve)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -100,14 +98,15 @@ class SandboxProxy:
         has_body = b"content-length" in headers or b"transfer-encoding" in headers
         if b"content-length" in headers:
             forward_headers.append((b"content-length", headers[b"content-length"]))
-        request = self._client.build_request(
+        client = self._upstreams.get(target.sandbox_id, route)
+        request = client.build_request(
             scope["method"],
             url,
             headers=forward_headers,
             content=_request_body(receive) if has_body else b"",
         )
         try:
-            upstream = await self._client.send(request, stream=True)
+            upstream = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
             message = f"port {target.port} is not open in sandbox {target.sandbox_id}: {exc}"
             await _send_error(send, 502, message)
@@ -146,7 +145,7 @@ class SandboxProxy:
     def _closing_on_shutdown(self, send: Send) -> Send:
         async def send_and_close(message: dict[str, Any]) -> None:
             if message["type"] == "lifespan.shutdown.complete":
-                await self._client.aclose()
+                await self._upstreams.aclose()
             await send(message)
 
         return send_and_close

@@ -23,13 +23,17 @@ from ..guest.kit import Kit, guest_args
 from ..images.catalog import Template, TemplateCatalog
 from ..net.netns import NetworkPlan, create_network, destroy_network, plan_network
 from ..vmm.driver import DiskSpec, VmHandle, VmmDriver, VmmError, VmSpec
+from ..vmm.qemuimg import create_qcow2
 from .admission import admit
+from .bootsnap import DISK_BYTES, BootSnapshots, Shape
 from .cleanup import CleanupStack
 from .lifecycle import Event, State, next_state
 
 log = logging.getLogger(__name__)
 
 AGENT_PORT = 49983
+# A restored guest's agent answers within a second; far longer means the restore is bad.
+RESTORE_TIMEOUT = 15.0
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
 
@@ -52,6 +56,12 @@ class Route:
     access_token: str | None
 
 
+def guest_kernel_args(cfg: Config) -> str:
+    """The same for every sandbox (each has its own namespace), so snapshots can be shared."""
+    net = cfg.net
+    return guest_args(net.guest_ip, net.guest_prefix, net.guest_gateway)
+
+
 def new_sandbox_id() -> str:
     return "i" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(19))
 
@@ -70,8 +80,10 @@ class SandboxManager:
         driver: VmmDriver,
         kit: Kit,
         catalog: TemplateCatalog,
+        boot_snapshots: BootSnapshots | None = None,
     ) -> None:
         self.cfg = cfg
+        self.boot_snapshots = boot_snapshots
         self.store = store
         self.driver = driver
         self.kit = kit
@@ -195,10 +207,14 @@ class SandboxManager:
         workdir.mkdir(parents=True)
         cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
         overlay = workdir / "rootfs.qcow2"
-        await _run_tool(
-            "qemu-img", "create", "-q", "-f", "qcow2", "-F", template.rootfs_format,
-            "-b", str(template.rootfs), str(overlay),
-        )  # fmt: skip
+        # Every disk gets the boot snapshots' size when its image fits (the guest sees it).
+        size = DISK_BYTES if _disk_size(template) <= DISK_BYTES else None
+        try:
+            await create_qcow2(
+                overlay, size, backing=template.rootfs, backing_format=template.rootfs_format
+            )
+        except VmmError as exc:
+            raise Unavailable(str(exc)) from exc
         plan = self.network_plan(record)
         await create_network(plan, record.allow_internet)
         cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
@@ -213,11 +229,11 @@ class SandboxManager:
                 DiskSpec(overlay, "qcow2"),
             ),
             workdir=workdir,
-            kernel_args=guest_args(plan.guest_ip, plan.guest_prefix, plan.guest_gateway),
+            kernel_args=guest_kernel_args(self.cfg),
             netns=plan.netns,
             tap="tap0",
         )
-        handle = await self._boot(spec, record)
+        handle = await self._start_vm(spec, record, restorable=size is not None)
         cleanup.push("vm", lambda: self.driver.stop(handle))
         record.vm = handle.to_dict()
         await self.store.update(record.sandbox_id, vm=record.vm)
@@ -234,6 +250,46 @@ class SandboxManager:
             except httpx.HTTPError as exc:
                 # The sandbox is usable without it; the image's command is a convenience.
                 log.warning("sandbox %s: image command failed to start: %s", record.sandbox_id, exc)
+
+    async def _start_vm(self, spec: VmSpec, record: SandboxRecord, restorable: bool) -> VmHandle:
+        """Restore from the boot snapshot of the VM's shape if there is one, else boot."""
+        snapshots = self.boot_snapshots
+        if snapshots is None or not restorable:
+            return await self._boot(spec, record)
+        shape = Shape(spec.vcpus, spec.memory_mb)
+        snapshot = snapshots.ready(shape)
+        if snapshot is None:
+            snapshots.request(shape)
+            return await self._boot(spec, record)
+        agent = self._agent(record)
+        try:
+            handle = await self.driver.restore(spec, snapshot)
+        except VmmError as exc:
+            log.warning("restore of %s failed, booting instead: %s", spec.name, exc)
+            snapshots.discard(shape)
+            return await self._boot_fresh(spec, record)
+        try:
+            async with asyncio.timeout(RESTORE_TIMEOUT):
+                while not await agent.healthy():
+                    if not self.driver.is_alive(handle):
+                        raise VmmError("the VM exited after its restore")
+                    await asyncio.sleep(0.02)
+            return handle
+        except (TimeoutError, VmmError) as exc:
+            log.warning("%s restored but unhealthy (%s); booting instead", spec.name, exc)
+            snapshots.discard(shape)
+        except BaseException:
+            await self.driver.stop(handle)
+            raise
+        await self.driver.stop(handle)
+        return await self._boot_fresh(spec, record)
+
+    async def _boot_fresh(self, spec: VmSpec, record: SandboxRecord) -> VmHandle:
+        """Boot after a failed restore, without its RAM and with its console kept aside."""
+        (spec.workdir / "memory").unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            (spec.workdir / "console.log").rename(spec.workdir / "console.restore.log")
+        return await self._boot(spec, record)
 
     async def _boot(self, spec: VmSpec, record: SandboxRecord) -> VmHandle:
         """Boot with a deadline; retry once, since TCG guests occasionally stall early."""
@@ -376,13 +432,11 @@ class SandboxManager:
         )
 
 
-async def _run_tool(*args: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-    )
-    _, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise Unavailable(f"{args[0]} failed: {err.decode(errors='replace').strip()}")
+def _disk_size(template: Template) -> int:
+    """Virtual size of a template's disk; qcow2 images never take the snapshot path."""
+    if template.rootfs_format != "raw":
+        return DISK_BYTES + 1
+    return template.rootfs.stat().st_size
 
 
 def _tail(path: Path, limit: int = 1500) -> str:

@@ -93,6 +93,10 @@ class VmmDriver(Protocol):
         """Let a paused VM run again."""
         ...
 
+    async def restore(self, spec: VmSpec, snapshot_dir: Path) -> VmHandle:
+        """Start `spec` from the memory and device state `pause` wrote; running on return."""
+        ...
+
     async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:
         """Ask the guest to shrink (or grow back) to `target_mb` of RAM."""
         ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shlex
 import signal
 from pathlib import Path
 
@@ -55,9 +56,19 @@ def kernel_args(accel: str, guest_args: str, tsc_khz: int | None) -> str:
 
 
 def build_command(
-    qemu: str, accel: str, spec: VmSpec, tsc_khz: int | None = None, run_dir: Path = RUN_DIR
+    qemu: str,
+    accel: str,
+    spec: VmSpec,
+    tsc_khz: int | None = None,
+    run_dir: Path = RUN_DIR,
+    *,
+    incoming: bool = False,
 ) -> list[str]:
-    """The full QEMU command line for `spec` (pure, so it is unit-tested)."""
+    """The full QEMU command line for `spec` (pure, so it is unit-tested).
+
+    `incoming`: wait for a saved state instead of booting (the command line must describe
+    the same devices as the VM that was saved).
+    """
     workdir = spec.workdir
     args = [
         qemu,
@@ -94,7 +105,44 @@ def build_command(
             "-netdev", f"tap,id=net0,ifname={spec.tap},script=no,downscript=no",
             "-device", f"virtio-net-device,netdev=net0,mac={spec.mac}",
         ]  # fmt: skip
+    if incoming:
+        args += ["-incoming", "defer"]
     return args
+
+
+async def _ignore_shared_ram(client: QmpClient) -> None:
+    # RAM lives in the shared memory file: migration streams carry device state only.
+    await client.execute(
+        "migrate-set-capabilities",
+        {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
+    )
+
+
+def copy_sparse(src: Path, dest: Path) -> None:
+    """Copy `src` to `dest` leaving holes as holes (guest RAM files are mostly holes)."""
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        fout.truncate(size)
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fin.fileno(), pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            end = os.lseek(fin.fileno(), start, os.SEEK_HOLE)
+            while start < end:
+                copied = os.copy_file_range(fin.fileno(), fout.fileno(), end - start, start, start)
+                if copied == 0:
+                    break
+                start += copied
+            pos = end
+
+
+def _log_tail(workdir: Path) -> str:
+    try:
+        return (workdir / "vmm.log").read_text(errors="replace")[-2000:].strip()
+    except OSError:
+        return ""
 
 
 def _cmdline(pid: int) -> bytes:
@@ -117,11 +165,47 @@ class QemuDriver:
         self._tsc_khz = host_tsc_khz()
 
     async def boot(self, spec: VmSpec) -> VmHandle:
+        return await self._launch(spec, incoming=False)
+
+    async def restore(self, spec: VmSpec, snapshot_dir: Path) -> VmHandle:
+        spec.workdir.mkdir(parents=True, exist_ok=True)
+        # Each clone writes its own RAM: copy the snapshot's (sparse) memory file.
+        await asyncio.to_thread(copy_sparse, snapshot_dir / "memory", spec.workdir / "memory")
+        handle = await self._launch(spec, incoming=True)
+        try:
+            client = await QmpClient.connect(Path(handle.extra["qmp"]))
+            try:
+                await _ignore_shared_ram(client)
+                await client.execute(
+                    "migrate-incoming",
+                    {"uri": f"exec:cat {shlex.quote(str(snapshot_dir / 'vmstate'))}"},
+                )
+                while True:
+                    status = (await client.execute("query-status"))["status"]
+                    if status != "inmigrate":
+                        break
+                    await asyncio.sleep(0.005)
+                if status not in ("paused", "running"):
+                    raise VmmError(f"loading the snapshot's device state failed: {status}")
+                await client.execute("cont")
+            finally:
+                await client.close()
+        except VmmError as exc:
+            await self.stop(handle)
+            raise VmmError(f"{exc}; log: {_log_tail(spec.workdir)}") from exc
+        except BaseException:
+            await self.stop(handle)
+            raise
+        return handle
+
+    async def _launch(self, spec: VmSpec, *, incoming: bool) -> VmHandle:
         spec.workdir.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         socket = qmp_socket(spec.name, self.run_dir)
         socket.unlink(missing_ok=True)
-        command = build_command(self.qemu_binary, self.accel, spec, self._tsc_khz, self.run_dir)
+        command = build_command(
+            self.qemu_binary, self.accel, spec, self._tsc_khz, self.run_dir, incoming=incoming
+        )
         if spec.netns:
             command = ["nsenter", f"--net=/run/netns/{spec.netns}", "--", *command]
         with open(spec.workdir / "vmm.log", "ab") as log:
@@ -145,9 +229,8 @@ class QemuDriver:
             client = await QmpClient.connect(Path(handle.extra["qmp"]), timeout=10.0)
             await client.close()
         except VmmError as exc:
-            log_tail = (spec.workdir / "vmm.log").read_text(errors="replace")[-2000:]
             await self.stop(handle)
-            raise VmmError(f"QEMU did not start: {exc}; log: {log_tail.strip()}") from exc
+            raise VmmError(f"QEMU did not start: {exc}; log: {_log_tail(spec.workdir)}") from exc
         return handle
 
     def is_alive(self, handle: VmHandle) -> bool:
@@ -214,12 +297,8 @@ class QemuDriver:
         client = await QmpClient.connect(Path(handle.extra["qmp"]))
         try:
             await client.execute("stop")
-            # RAM is already in the shared memory file: only device state is written.
-            await client.execute(
-                "migrate-set-capabilities",
-                {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
-            )
-            await client.execute("migrate", {"uri": f"exec:cat > {state}"})
+            await _ignore_shared_ram(client)
+            await client.execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(state))}"})
             while True:
                 status = (await client.execute("query-migrate")).get("status")
                 if status == "completed":

@@ -36,7 +36,10 @@ class QmpClient:
         return client
 
     async def _read_message(self) -> dict[str, Any]:
-        line = await self._reader.readline()
+        try:
+            line = await self._reader.readline()
+        except ConnectionError as exc:
+            raise VmmError("QMP connection lost") from exc
         if not line:
             raise VmmError("QMP connection closed")
         return json.loads(line)
@@ -46,8 +49,11 @@ class QmpClient:
         message: dict[str, Any] = {"execute": command}
         if arguments:
             message["arguments"] = arguments
-        self._writer.write(json.dumps(message).encode() + b"\n")
-        await self._writer.drain()
+        try:
+            self._writer.write(json.dumps(message).encode() + b"\n")
+            await self._writer.drain()
+        except ConnectionError as exc:
+            raise VmmError(f"QMP {command}: connection lost") from exc
         while True:
             reply = await self._read_message()
             if "event" in reply:

@@ -27,7 +27,7 @@ from agentenv.guest.kit import (
     prune_kits,
 )
 
-from ..rawvm import RawVm, run_command
+from ..rawvm import RawVm, init_agent, run_command
 
 MODULES_DEP = """\
 kernel/drivers/virtio/virtio_mmio.ko: kernel/drivers/virtio/virtio.ko kernel/drivers/virtio/virtio_ring.ko
@@ -208,6 +208,7 @@ def test_kit_boots_and_agent_answers(tmp_path: Path) -> None:
                 pytest.fail("agent /health never answered; console:\n" + "\n".join(vm.console))
             assert any("aenv: agent starting" in line for line in vm.console)
             assert not any("aenv: FATAL" in line for line in vm.console)
+            init_agent(vm.port)
             code, out = run_command(vm.port, "/bin/sh", ["-c", "echo hello-$((6*7)); id -u"])
             assert code == 0, "\n".join(vm.console)
             assert "hello-42" in out

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from agentenv.vmm.driver import DiskSpec, VmSpec
-from agentenv.vmm.qemu import build_command, host_tsc_khz
+from agentenv.vmm.qemu import build_command, copy_sparse, host_tsc_khz
 
 
 def _spec(tmp_path: Path) -> VmSpec:
@@ -47,3 +48,22 @@ def test_host_tsc_khz_needs_a_constant_tsc() -> None:
     )
     assert host_tsc_khz(info) == 2445406
     assert host_tsc_khz(info.replace("constant_tsc", "")) is None
+
+
+def test_incoming_waits_for_a_saved_state_with_the_same_devices(tmp_path: Path) -> None:
+    booted = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path), 2445406)
+    restored = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path), 2445406, incoming=True)
+    assert restored[-2:] == ["-incoming", "defer"]
+    assert restored[:-2] == booted
+
+
+def test_copy_sparse_keeps_holes_and_bytes(tmp_path: Path) -> None:
+    src, dest = tmp_path / "memory", tmp_path / "copy"
+    with open(src, "wb") as fh:
+        fh.truncate(64 * 2**20)
+        for offset in (0, 5 * 2**20 + 123, 64 * 2**20 - 4096):
+            fh.seek(offset)
+            fh.write(os.urandom(4096))
+    copy_sparse(src, dest)
+    assert dest.read_bytes() == src.read_bytes()
+    assert dest.stat().st_blocks * 512 < 2**20  # three small extents, not 64 MiB

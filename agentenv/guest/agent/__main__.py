@@ -20,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rootfs", default="/", help="the user's root filesystem (processes are chrooted there)"
     )
+    parser.add_argument(
+        "--guest",
+        action="store_true",
+        help="run as a VM's agent: /init mounts the user's disk at --rootfs, sets the clock",
+    )
     parser.add_argument("--log-level", default="INFO", help="stderr log level")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -36,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             # Cancel the server task so aiohttp's cleanup runs, then exit normally.
             loop.add_signal_handler(signum, task.cancel)  # type: ignore[union-attr]
-        await serve(args.host, args.port, args.rootfs)
+        await serve(args.host, args.port, args.rootfs, args.guest)
 
     with contextlib.suppress(asyncio.CancelledError):
         asyncio.run(run())

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -13,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from . import files, filesystem, process
+from . import files, filesystem, machine, process
 from .connect import ConnectError, error_response, json_response, log_error
 from .state import STATE_KEY, AgentState, app_key, get_state
 
@@ -50,6 +51,17 @@ async def init(request: web.Request) -> web.Response:
     except ValueError as err:
         log_error(request, err)
         return json_response({"code": 400, "message": f"invalid JSON: {err}"}, status=400)
+    if state.guest:
+        # Before anything else: the rest of /init and every later call work on this disk.
+        try:
+            await asyncio.to_thread(machine.attach_rootfs, state.rootfs.root)
+            if body.get("timestamp"):
+                machine.set_clock(str(body["timestamp"]))
+            if body.get("entropy"):
+                machine.seed_random(base64.b64decode(str(body["entropy"])))
+        except (OSError, ValueError) as err:
+            log_error(request, err)
+            return json_response({"code": 500, "message": f"init: {err}"}, status=500)
     env_vars = body.get("envVars") or {}
     if isinstance(env_vars, dict):
         state.env_vars.update({str(k): str(v) for k, v in env_vars.items()})
@@ -129,11 +141,11 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
-def create_app(rootfs: str) -> web.Application:
-    """Build the application serving the user's root filesystem at ``rootfs``."""
+def create_app(rootfs: str, guest: bool = False) -> web.Application:
+    """The application serving ``rootfs``; as `guest`, /init also attaches the user's disk."""
     # client_max_size only bounds request.read()/post(); /files streams and is unaffected.
     app = web.Application(middlewares=[auth_middleware], client_max_size=64 * 1024 * 1024)
-    app[STATE_KEY] = AgentState.create(rootfs)
+    app[STATE_KEY] = AgentState.create(rootfs, guest)
     app[CPU_KEY] = CpuSampler()
     app.router.add_get("/health", health)
     app.router.add_post("/init", init)
@@ -145,9 +157,9 @@ def create_app(rootfs: str) -> web.Application:
     return app
 
 
-async def serve(host: str, port: int, rootfs: str) -> None:
+async def serve(host: str, port: int, rootfs: str, guest: bool = False) -> None:
     """Run until cancelled."""
-    app = create_app(rootfs)
+    app = create_app(rootfs, guest)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)

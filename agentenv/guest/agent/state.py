@@ -26,11 +26,13 @@ class AgentState:
     access_token: str | None = None
     default_user: str | None = None
     default_workdir: str | None = None
+    # Running as a VM's agent: /init attaches the user's disk, sets the clock, seeds RNG.
+    guest: bool = False
 
     @classmethod
-    def create(cls, root: str) -> AgentState:
+    def create(cls, root: str, guest: bool = False) -> AgentState:
         fs = RootFS(root)
-        return cls(rootfs=fs, users=UserDB(fs.root))
+        return cls(rootfs=fs, users=UserDB(fs.root), guest=guest)
 
     def resolve_user(self, name: str | None) -> User:
         """The named user, else the /init default, else ``user`` or root."""
