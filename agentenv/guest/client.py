@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 from datetime import UTC, datetime
@@ -23,11 +24,20 @@ class AgentClient:
         self._timeout = timeout
 
     async def healthy(self) -> bool:
+        """One `GET /health` over a bare connection (polled during boot: a refused or reset
+        connection is the normal answer then, and httpx's stack mishandles some of those)."""
+        url = httpx.URL(self._base_url)
         try:
-            async with httpx.AsyncClient(base_url=self._base_url, timeout=1.0) as client:
-                return (await client.get("/health")).status_code == 204
-        except httpx.HTTPError:
+            async with asyncio.timeout(1.0):
+                reader, writer = await asyncio.open_connection(url.host, url.port)
+                try:
+                    writer.write(b"GET /health HTTP/1.0\r\nHost: agent\r\n\r\n")
+                    status = await reader.readline()
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError):
             return False
+        return status.split(b" ")[1:2] == [b"204"]
 
     async def init(
         self,

@@ -20,6 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
+from agentenv.guest.client import AgentClient
+
 REPO = Path(__file__).resolve().parents[2]
 STREAM = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
 NOBODY = {"Authorization": "Basic " + base64.b64encode(b"nobody:").decode()}
@@ -167,6 +169,14 @@ async def rpc(c: httpx.AsyncClient, method: str, body: dict[str, Any], **kw: Any
 
 
 # -- plain HTTP --------------------------------------------------------------------------------
+
+
+async def test_host_health_probe(agent: Agent) -> None:
+    assert await AgentClient(agent.url).healthy()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = s.getsockname()[1]
+    assert not await AgentClient(f"http://127.0.0.1:{nobody}").healthy()
 
 
 async def test_health_envs_metrics(client: httpx.AsyncClient) -> None:
