@@ -25,9 +25,8 @@ from agentenv.config import load_config
 from agentenv.guest.kit import build_kit, load_kit
 from agentenv.images.base import build_base_template
 from agentenv.net.netns import TAP_NAME, create_detached_tap, destroy_network
-from agentenv.runtime.bootsnap import DISK_BYTES
+from agentenv.runtime.bootsnap import DISK_BYTES, Shape, sandbox_vm
 from agentenv.runtime.manager import guest_kernel_args
-from agentenv.vmm.driver import DiskSpec, VmSpec
 from agentenv.vmm.qemu import QemuDriver
 from agentenv.vmm.qemuimg import create_qcow2
 from tests.live import LiveServer
@@ -114,18 +113,9 @@ async def raw_restore(snapshot: Path, workdir: Path) -> float:
         )  # fmt: skip
         disk = workdir / "disk.qcow2"
         await create_qcow2(disk, DISK_BYTES)
-        spec = VmSpec(
-            name=f"aenv-bench-{os.getpid()}",
-            vcpus=1,
-            memory_mb=256,
-            kernel=kit.kernel,
-            initrd=kit.initrd,
-            disks=(DiskSpec(kit.runtime_disk, "raw", read_only=True), DiskSpec(disk, "qcow2")),
-            workdir=workdir,
-            kernel_args=guest_kernel_args(cfg),
-            netns=netns,
-            tap=TAP_NAME,
-        )
+        name = f"aenv-bench-{os.getpid()}"
+        kernel_args = guest_kernel_args(cfg)
+        spec = sandbox_vm(kit, name, Shape(1, 256), disk, workdir, kernel_args, netns)
         driver = QemuDriver(cfg.vmm.qemu_binary, "tcg")
         start = time.monotonic()
         handle = await driver.restore(spec, snapshot)

@@ -43,6 +43,24 @@ class Shape:
     memory_mb: int
 
 
+def sandbox_vm(
+    kit: Kit, name: str, shape: Shape, disk: Path, workdir: Path, kernel_args: str, netns: str
+) -> VmSpec:
+    """A sandbox's VM, or the snapshot VM: restoring needs the very same devices in both."""
+    return VmSpec(
+        name=name,
+        vcpus=shape.vcpus,
+        memory_mb=shape.memory_mb,
+        kernel=kit.kernel,
+        initrd=kit.initrd,
+        disks=(DiskSpec(kit.runtime_disk, "raw", read_only=True), DiskSpec(disk, "qcow2")),
+        workdir=workdir,
+        kernel_args=kernel_args,
+        netns=netns,
+        tap=TAP_NAME,
+    )
+
+
 class BootSnapshots:
     """Snapshots under `root`, one directory per key: `memory`, `vmstate`, `meta.json`."""
 
@@ -125,27 +143,15 @@ class BootSnapshots:
         work.mkdir(parents=True)
         placeholder = work / "placeholder.qcow2"
         await create_qcow2(placeholder, DISK_BYTES)
-        spec = VmSpec(
-            name=f"aenv-bootsnap-{key[:12]}",
-            vcpus=shape.vcpus,
-            memory_mb=shape.memory_mb,
-            kernel=self.kit.kernel,
-            initrd=self.kit.initrd,
-            disks=(
-                DiskSpec(self.kit.runtime_disk, "raw", read_only=True),
-                DiskSpec(placeholder, "qcow2"),
-            ),
-            workdir=work,
-            kernel_args=self.kernel_args,
-            # The saved NIC state must match its clones': a tap too, here connected to nothing.
-            netns=f"aenvsnap-{key[:8]}",
-            tap=TAP_NAME,
-        )
-        await create_detached_tap(spec.netns)
+        # The snapshot VM's tap sits in a namespace of its own, connected to nothing.
+        netns = f"aenvsnap-{key[:8]}"
+        name = f"aenv-bootsnap-{key[:12]}"
+        spec = sandbox_vm(self.kit, name, shape, placeholder, work, self.kernel_args, netns)
+        await create_detached_tap(netns)
         try:
             await self._save(spec, work)
         finally:
-            await destroy_network(spec.netns)
+            await destroy_network(netns)
         placeholder.unlink()
         meta = {"key": key, "kit": self.kit.version, "vcpus": shape.vcpus}
         meta |= {"memory_mb": shape.memory_mb, "disk_bytes": DISK_BYTES}

@@ -22,10 +22,10 @@ from ..guest.client import AgentClient
 from ..guest.kit import Kit, guest_args
 from ..images.catalog import Template, TemplateCatalog
 from ..net.netns import NetworkPlan, create_network, destroy_network, plan_network
-from ..vmm.driver import DiskSpec, VmHandle, VmmDriver, VmmError, VmSpec
+from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
 from ..vmm.qemuimg import create_qcow2
 from .admission import admit
-from .bootsnap import DISK_BYTES, BootSnapshots, Shape
+from .bootsnap import DISK_BYTES, BootSnapshots, Shape, sandbox_vm
 from .cleanup import CleanupStack
 from .lifecycle import Event, State, next_state
 
@@ -218,20 +218,14 @@ class SandboxManager:
         plan = self.network_plan(record)
         await create_network(plan, record.allow_internet)
         cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
-        spec = VmSpec(
-            name=f"aenv-{record.sandbox_id}",
-            vcpus=record.vcpus,
-            memory_mb=record.memory_mb,
-            kernel=self.kit.kernel,
-            initrd=self.kit.initrd,
-            disks=(
-                DiskSpec(self.kit.runtime_disk, "raw", read_only=True),
-                DiskSpec(overlay, "qcow2"),
-            ),
-            workdir=workdir,
-            kernel_args=guest_kernel_args(self.cfg),
-            netns=plan.netns,
-            tap="tap0",
+        spec = sandbox_vm(
+            self.kit,
+            f"aenv-{record.sandbox_id}",
+            Shape(record.vcpus, record.memory_mb),
+            overlay,
+            workdir,
+            guest_kernel_args(self.cfg),
+            plan.netns,
         )
         handle = await self._start_vm(spec, record, restorable=size is not None)
         cleanup.push("vm", lambda: self.driver.stop(handle))
@@ -261,7 +255,6 @@ class SandboxManager:
         if snapshot is None:
             snapshots.request(shape)
             return await self._boot(spec, record)
-        agent = self._agent(record)
         try:
             handle = await self.driver.restore(spec, snapshot)
         except VmmError as exc:
@@ -269,11 +262,7 @@ class SandboxManager:
             snapshots.discard(shape)
             return await self._boot_fresh(spec, record)
         try:
-            async with asyncio.timeout(RESTORE_TIMEOUT):
-                while not await agent.healthy():
-                    if not self.driver.is_alive(handle):
-                        raise VmmError("the VM exited after its restore")
-                    await asyncio.sleep(0.02)
+            await self._await_agent(handle, record, RESTORE_TIMEOUT, poll=0.02)
             return handle
         except (TimeoutError, VmmError) as exc:
             log.warning("%s restored but unhealthy (%s); booting instead", spec.name, exc)
@@ -284,6 +273,17 @@ class SandboxManager:
         await self.driver.stop(handle)
         return await self._boot_fresh(spec, record)
 
+    async def _await_agent(
+        self, handle: VmHandle, record: SandboxRecord, timeout: float, poll: float
+    ) -> None:
+        """Until the guest's agent answers; TimeoutError after `timeout`, VmmError if QEMU exits."""
+        agent = self._agent(record)
+        async with asyncio.timeout(timeout):
+            while not await agent.healthy():
+                if not self.driver.is_alive(handle):
+                    raise VmmError("the VM exited before its agent answered")
+                await asyncio.sleep(poll)
+
     async def _boot_fresh(self, spec: VmSpec, record: SandboxRecord) -> VmHandle:
         """Boot after a failed restore, without its RAM and with its console kept aside."""
         (spec.workdir / "memory").unlink(missing_ok=True)
@@ -293,17 +293,12 @@ class SandboxManager:
 
     async def _boot(self, spec: VmSpec, record: SandboxRecord) -> VmHandle:
         """Boot with a deadline; retry once, since TCG guests occasionally stall early."""
-        agent = self._agent(record)
         attempts = max(1, self.cfg.sandbox.boot_attempts)
         problem = ""
         for attempt in range(1, attempts + 1):
             handle = await self.driver.boot(spec)
             try:
-                async with asyncio.timeout(self.cfg.sandbox.boot_timeout):
-                    while not await agent.healthy():
-                        if not self.driver.is_alive(handle):
-                            raise VmmError("the VM exited during boot")
-                        await asyncio.sleep(0.1)
+                await self._await_agent(handle, record, self.cfg.sandbox.boot_timeout, poll=0.1)
                 return handle
             except (TimeoutError, VmmError) as exc:
                 problem = str(exc) or f"no answer within {self.cfg.sandbox.boot_timeout:.0f}s"
