@@ -126,6 +126,11 @@ class BootSnapshots:
             if self.ready(shape):
                 return
             work = self.root / f"{key}.building"
+            # Holding the lock, anything left in `work` is from a server that died building.
+            for workdir, pid in self.driver.running_vms(self.root).items():
+                if workdir == work:
+                    await self.driver.kill_pid(pid)
+            await destroy_network(_netns(key))
             shutil.rmtree(work, ignore_errors=True)
             try:
                 await self._boot_and_save(shape, key, work)
@@ -144,7 +149,7 @@ class BootSnapshots:
         placeholder = work / "placeholder.qcow2"
         await create_qcow2(placeholder, DISK_BYTES)
         # The snapshot VM's tap sits in a namespace of its own, connected to nothing.
-        netns = f"aenvsnap-{key[:8]}"
+        netns = _netns(key)
         name = f"aenv-bootsnap-{key[:12]}"
         spec = sandbox_vm(self.kit, name, shape, placeholder, work, self.kernel_args, netns)
         await create_detached_tap(netns)
@@ -180,6 +185,10 @@ class BootSnapshots:
                 meta = json.loads((path / "meta.json").read_text())
                 if meta.get("kit") != self.kit.version:
                     shutil.rmtree(path, ignore_errors=True)
+
+
+def _netns(key: str) -> str:
+    return f"aenvsnap-{key[:8]}"
 
 
 def _try_lock(path: Path) -> int | None:
