@@ -95,6 +95,12 @@ class ChunkHandle:
             done += len(part)
         return b"".join(parts)
 
+    def read_and_close(self, offset: int, length: int) -> bytes:
+        try:
+            return self.read(offset, length)
+        finally:
+            self.close()
+
     def close(self) -> None:
         if self._fd < 0:
             return
@@ -149,8 +155,7 @@ class ChunkCache:
 
     def read(self, digest: str, offset: int, length: int) -> bytes:
         """Bytes of chunk `digest`, fetched whole and verified on a miss."""
-        with self.open(digest) as handle:
-            return handle.read(offset, length)
+        return self.open(digest).read_and_close(offset, length)
 
     def open(self, digest: str) -> ChunkHandle:
         """Pin chunk `digest` locally (fetching it on a miss) for several reads."""
@@ -172,6 +177,23 @@ class ChunkCache:
                 self._release(entry)
                 raise
             return ChunkHandle(self, digest, entry, fd)
+
+    def read_cached(self, digest: str, offset: int, length: int) -> bytes | None:
+        """The bytes if chunk `digest` is held and verified, else None: never fetches or
+        hashes, so a caller may try it where blocking on the network is not allowed."""
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None or not entry.verified:
+                return None
+            entry.opens += 1
+            self._entries.move_to_end(digest)
+            self._hits += 1
+        try:
+            fd = os.open(self._path(digest), os.O_RDONLY)
+        except FileNotFoundError:
+            self._release(entry)
+            return None
+        return ChunkHandle(self, digest, entry, fd).read_and_close(offset, length)
 
     def contains(self, digest: str) -> bool:
         """Whether the chunk is held locally (possibly not yet verified after a restart)."""

@@ -70,6 +70,23 @@ def test_miss_then_hits(store: CountingStore, tmp_path: Path) -> None:
     assert store.gets[chunk_key(digest)] == 1
 
 
+def test_read_cached_never_fetches_or_hashes(store: CountingStore, tmp_path: Path) -> None:
+    data = chunk(7)
+    digest = store.add_chunk(data)
+    with ChunkCache(tmp_path / "cache", store, 10 * 2**20) as cache:
+        assert cache.read_cached(digest, 0, 10) is None
+        assert store.gets[chunk_key(digest)] == 0
+        cache.read(digest, 0, 1)
+        assert cache.read_cached(digest, 5, 20) == data[5:25]
+    # After a restart the local copy is unverified: only a blocking read may hash it.
+    with ChunkCache(tmp_path / "cache", store, 10 * 2**20) as cache:
+        assert cache.contains(digest)
+        assert cache.read_cached(digest, 0, 10) is None
+        assert cache.read(digest, 0, 10) == data[:10]
+        assert cache.read_cached(digest, 0, 10) == data[:10]
+    assert store.gets[chunk_key(digest)] == 1
+
+
 def test_bad_digest_and_missing_chunk(store: CountingStore, tmp_path: Path) -> None:
     with ChunkCache(tmp_path / "cache", store, 2**20) as cache:
         with pytest.raises(ValueError):

@@ -31,12 +31,16 @@ SUFFIX = ".img"
 # An inode's content and size never change and a removed name is invalidated explicitly,
 # so the kernel may keep attributes and names for long.
 _TIMEOUT = 3600.0
+# Reads up to this size are served in the FUSE loop itself when their chunks are local.
+INLINE_READ_MAX = 128 * 1024
 
 
 class ChunkSource(Protocol):
     """Where chunk bytes come from: the chunk cache in the daemon, a stand-in in tests."""
 
     def read(self, digest: str, offset: int, length: int) -> bytes: ...
+
+    def read_cached(self, digest: str, offset: int, length: int) -> bytes | None: ...
 
 
 @dataclass(frozen=True)
@@ -69,14 +73,22 @@ def plan_read(stack: Stack, offset: int, length: int) -> list[Segment]:
     return segments
 
 
-def read_segments(source: ChunkSource, segments: list[Segment]) -> bytes:
-    """Blocking: fetch each segment (zeros for holes) and join them."""
+def read_segments(
+    source: ChunkSource, segments: list[Segment], cached_only: bool = False
+) -> bytes | None:
+    """Fetch each segment (zeros for holes) and join them; blocking, unless `cached_only`:
+    then None as soon as one chunk is not local and verified."""
     parts: list[bytes] = []
     for seg in segments:
         if seg.chunk is None:
             parts.append(bytes(seg.length))
             continue
-        data = source.read(seg.chunk, seg.offset, seg.length)
+        if cached_only:
+            data = source.read_cached(seg.chunk, seg.offset, seg.length)
+            if data is None:
+                return None
+        else:
+            data = source.read(seg.chunk, seg.offset, seg.length)
         if len(data) != seg.length:
             raise OSError(
                 errno.EIO,
@@ -248,17 +260,20 @@ class BlockFS(pyfuse3.Operations):
         if off >= image.size or size <= 0:
             return b""
         segments = plan_read(image.stack, off, size)
-        if all(seg.chunk is None for seg in segments):
-            data = bytes(sum(seg.length for seg in segments))
-        else:
-            try:
+        # Small reads of local chunks inline: a thread hop costs more than their pread.
+        # Anything that might fetch (or hash a chunk) goes to a worker thread.
+        inline = size <= INLINE_READ_MAX or all(seg.chunk is None for seg in segments)
+        try:
+            data = read_segments(self.source, segments, cached_only=True) if inline else None
+            if data is None:
                 data = await trio.to_thread.run_sync(
                     read_segments, self.source, segments, limiter=self._limiter
                 )
-            except Exception:
-                self.read_errors += 1
-                log.exception("read of %s at %d+%d failed", image.filename, off, size)
-                raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception:
+            self.read_errors += 1
+            log.exception("read of %s at %d+%d failed", image.filename, off, size)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        assert data is not None
         self.reads += 1
         self.read_bytes += len(data)
         return data
