@@ -19,18 +19,26 @@ class KitBuildError(RuntimeError):
     """A build step failed; the message names the step."""
 
 
-def run(step: str, argv: Sequence[str | os.PathLike[str]], **kwargs: object) -> str:
-    """Run a command, return its stdout; raise KitBuildError naming `step` on failure."""
+def run(
+    step: str,
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    error: type[Exception] = KitBuildError,
+    **kwargs: object,
+) -> str:
+    """Run a command, return its stdout; raise `error` naming `step` on failure."""
     try:
         proc = subprocess.run(
             [str(a) for a in argv], check=True, capture_output=True, text=True, **kwargs
         )
     except FileNotFoundError as exc:
-        raise KitBuildError(f"{step}: {argv[0]} not found (install it)") from exc
+        raise error(f"{step}: {argv[0]} not found (install it)") from exc
     except subprocess.CalledProcessError as exc:
         tail = "\n".join((exc.stderr or exc.stdout or "").strip().splitlines()[-15:])
+        if "No space left" in tail:
+            raise error(f"{step}: no space left on device ({tail})") from None
         cmd = " ".join(map(str, argv))
-        raise KitBuildError(f"{step}: {cmd} exited {exc.returncode}\n{tail}") from None
+        raise error(f"{step}: {cmd} exited {exc.returncode}\n{tail}") from None
     return proc.stdout
 
 

@@ -13,7 +13,6 @@ import contextlib
 import errno
 import hashlib
 import os
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from agentenv.errors import AenvError
+from agentenv.guest.buildutil import run
 from agentenv.storage.layer import (
     BLOCK_SIZE,
     LayerIndex,
@@ -71,18 +71,7 @@ class ConversionError(AenvError):
 
 
 def _run(what: str, argv: Sequence[str | os.PathLike[str]], **kw: object) -> str:
-    try:
-        proc = subprocess.run(
-            [str(a) for a in argv], check=True, capture_output=True, text=True, **kw
-        )
-    except FileNotFoundError as exc:
-        raise ConversionError(f"{what}: {argv[0]} not found (install it)") from exc
-    except subprocess.CalledProcessError as exc:
-        tail = (exc.stderr or exc.stdout or "").strip()[-2000:]
-        if "No space left" in tail:
-            raise ConversionError(f"{what}: no space left on device ({tail})") from None
-        raise ConversionError(f"{what}: exited {exc.returncode}: {tail}") from None
-    return proc.stdout
+    return run(what, argv, error=ConversionError, **kw)
 
 
 def _space_hint(workdir: Path) -> str:

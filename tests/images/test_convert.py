@@ -231,7 +231,7 @@ def test_workdir_full(
     work.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={tmpfs}", "tmpfs", work], check=True)
     try:
-        with pytest.raises(ConversionError, match=rf"{tar[1]}: {step}: .*(no space|No space)"):
+        with pytest.raises(ConversionError, match=rf"(?s){tar[1]}: {step}: .*(no space|No space)"):
             convert_layer(store, parent, layers[-1 if payload == 0 else 0], *tar, work)
         assert os.listdir(work) == []
     finally:
