@@ -170,7 +170,10 @@ class QemuDriver:
     async def restore(self, spec: VmSpec, snapshot_dir: Path) -> VmHandle:
         spec.workdir.mkdir(parents=True, exist_ok=True)
         # Each clone writes its own RAM: copy the snapshot's (sparse) memory file.
-        await asyncio.to_thread(copy_sparse, snapshot_dir / "memory", spec.workdir / "memory")
+        try:
+            await asyncio.to_thread(copy_sparse, snapshot_dir / "memory", spec.workdir / "memory")
+        except OSError as exc:
+            raise VmmError(f"copying the snapshot's memory failed: {exc}") from exc
         handle = await self._launch(spec, incoming=True)
         try:
             client = await QmpClient.connect(Path(handle.extra["qmp"]))
