@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import sys
 import tempfile
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 from agentenv.cli.client import EnvdClient
 from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
+from agentenv.runtime.bootsnap import complete_snapshots
 from tests.live import LiveServer
 
 
@@ -53,11 +53,12 @@ def wait_snapshot(server: LiveServer, memory_mb: int = 256, timeout: float = 300
     """The server's boot snapshot directory, once it is complete."""
     cfg = load_config(env=server.env)
     kit = load_kit(cfg)
+    assert kit is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for meta in (cfg.kit_dir / "boot-snapshots").glob("*/meta.json"):
-            doc = json.loads(meta.read_text())
-            if kit and doc["kit"] == kit.version and doc["memory_mb"] == memory_mb:
-                return meta.parent
+        found = complete_snapshots(cfg.kit_dir / "boot-snapshots", kit.version)
+        for path, meta in found.items():
+            if meta["memory_mb"] == memory_mb:
+                return path
         time.sleep(0.5)
     raise RuntimeError("no boot snapshot within the timeout")

@@ -177,6 +177,22 @@ def check_accel(cfg: Config, kit: Any) -> Check:
     return Check("accelerator", True, f"{choice.name} — {choice.reason}")
 
 
+def check_boot_snapshots(cfg: Config, kit: Any) -> Check:
+    name = "boot snapshots"
+    if not cfg.sandbox.boot_snapshots:
+        return Check(name, True, "off (sandbox.boot_snapshots = false): sandboxes boot")
+    if kit is None:
+        return Check(name, False, "none without a kit", "aenv kit build", required=False)
+    from agentenv.runtime.bootsnap import complete_snapshots
+
+    found = complete_snapshots(cfg.kit_dir / "boot-snapshots", kit.version)
+    if not found:
+        detail = "none yet; the server builds one when it starts, and boots sandboxes until then"
+        return Check(name, False, detail, "start the server and wait a minute", required=False)
+    shapes = ", ".join(f"{m['vcpus']} vCPU/{m['memory_mb']} MiB" for m in found.values())
+    return Check(name, True, f"sandboxes are restored, not booted ({shapes})")
+
+
 def check_server(ctx: Context) -> Check:
     hint = "start it with `aenv server` (or make run)"
     try:
@@ -210,6 +226,7 @@ def run_checks(ctx: Context, cfg: Config) -> Iterator[Check]:
     yield kit_check
     yield check_base(cfg)
     yield check_accel(cfg, kit)
+    yield check_boot_snapshots(cfg, kit)
     yield check_server(ctx)
 
 

@@ -43,6 +43,17 @@ class Shape:
     memory_mb: int
 
 
+def complete_snapshots(root: Path, kit_version: str) -> dict[Path, dict]:
+    """The finished snapshots of one kit under `root`, with their `meta.json`."""
+    found = {}
+    for meta in sorted(root.glob("*/meta.json")):
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(meta.read_text())
+            if doc.get("kit") == kit_version:
+                found[meta.parent] = doc
+    return found
+
+
 def sandbox_vm(
     kit: Kit, name: str, shape: Shape, disk: Path, workdir: Path, kernel_args: str, netns: str
 ) -> VmSpec:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
+from agentenv.runtime.bootsnap import complete_snapshots
 
 from ..live import HostResources, LiveServer, wait_for
 from .test_sandbox_lifecycle import create, kill, run
@@ -22,11 +22,8 @@ def snapshot_dir(server: LiveServer, memory_mb: int) -> Path | None:
     cfg = load_config(env=server.env)
     kit = load_kit(cfg)
     assert kit is not None
-    for meta in (cfg.kit_dir / "boot-snapshots").glob("*/meta.json"):
-        doc = json.loads(meta.read_text())
-        if doc["kit"] == kit.version and doc["memory_mb"] == memory_mb:
-            return meta.parent
-    return None
+    found = complete_snapshots(cfg.kit_dir / "boot-snapshots", kit.version)
+    return next((path for path, m in found.items() if m["memory_mb"] == memory_mb), None)
 
 
 def console(server: LiveServer, sandbox_id: str) -> str:
