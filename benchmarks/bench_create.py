@@ -5,7 +5,8 @@ default), one booting them (`AENV_SANDBOX_BOOT_SNAPSHOTS=false`). Floors: plain 
 booting the same kernel, initramfs and disks with user-mode networking until the agent's
 /health, and the QEMU driver alone restoring the same snapshot until the agent's /health.
 What is left above a floor is the API, namespaces, taps, disk overlay, /init and exec.
-Also prints the resident memory of idle sandboxes' VMM processes.
+Also prints a burst of concurrent creates (wall time until all run) and the resident
+memory of idle sandboxes' VMM processes.
 Run: `python -m benchmarks.bench_create [--runs N]` from the repository root.
 """
 
@@ -19,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agentenv.config import load_config
@@ -129,6 +131,31 @@ async def raw_restore(snapshot: Path, workdir: Path) -> float:
         await destroy_network(netns)
 
 
+def burst(server: LiveServer, count: int) -> dict:
+    """`count` creates at once (as many API clients): wall time until all are running."""
+
+    def create(_: int) -> str:
+        with server.client() as api:
+            response = api.post("/v2/sandboxes", json={"templateID": "base"}, timeout=600)
+        if response.status_code != 201:
+            raise RuntimeError(f"create failed: {response.status_code} {response.text[:300]}")
+        return response.json()["sandboxID"]
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(count) as pool:
+        ids = list(pool.map(create, range(count)))
+    elapsed = time.perf_counter() - start
+    with server.client() as api:
+        for sandbox_id in ids:
+            api.delete(f"/sandboxes/{sandbox_id}")
+    return {
+        "bench": "create_burst_restored",
+        "sandboxes": count,
+        "wall_s": round(elapsed, 2),
+        "creates_per_s": round(count / elapsed, 2),
+    }
+
+
 def idle_rss(server: LiveServer, count: int, settle_s: float) -> dict:
     with server.client() as api:
         ids = [
@@ -165,6 +192,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--cold-runs", type=int, default=3)
     parser.add_argument("--idle", type=int, default=3)
+    parser.add_argument("--burst", type=int, default=16)
     args = parser.parse_args()
     with live_server() as server:
         snapshot = wait_snapshot(server, 256)
@@ -177,6 +205,7 @@ def main() -> None:
         print(json.dumps(_summary("create_to_first_output_restored", restored)))
         print(json.dumps(_summary("raw_qemu_restore_to_agent_health", floor)))
         idle = idle_rss(server, args.idle, settle_s=10)
+        print(json.dumps(burst(server, args.burst)))
     with live_server({"AENV_SANDBOX_BOOT_SNAPSHOTS": "false"}) as server:
         booted, raw = [], []
         for _ in range(args.cold_runs):
