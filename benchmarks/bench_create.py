@@ -15,26 +15,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agentenv.config import load_config
-from agentenv.guest.kit import build_kit, load_kit
+from agentenv.guest.kit import build_kit
 from agentenv.images.base import build_base_template
-from agentenv.net.netns import TAP_NAME, create_detached_tap, destroy_network
-from agentenv.runtime.bootsnap import DISK_BYTES, Shape, sandbox_vm
-from agentenv.runtime.manager import guest_kernel_args
-from agentenv.vmm.qemu import QemuDriver
-from agentenv.vmm.qemuimg import create_qcow2
 from tests.live import LiveServer
 from tests.rawvm import RawVm
 
 from .harness import create_to_first_output, live_server, wait_snapshot
+from .rawguest import RawGuest
 
 
 def _summary(name: str, samples: list[float], **extra: object) -> dict:
@@ -70,65 +64,9 @@ def raw_boot_to_health(workdir: Path) -> float:
         vm.stop()
 
 
-_HEALTH_PROBE = """
-import socket, sys, time
-while True:
-    try:
-        with socket.create_connection((sys.argv[1], 49983), timeout=0.05) as conn:
-            conn.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
-            if b" 204 " in conn.recv(64):
-                break
-    except OSError:
-        time.sleep(0.005)
-print(time.monotonic())
-"""
-
-
 async def raw_restore(snapshot: Path, workdir: Path) -> float:
-    """The QEMU driver alone restores the snapshot; a probe started beforehand inside the
-    namespace times it until the agent answers (no API, overlay, NAT, /init or exec)."""
-    cfg = load_config()
-    kit = load_kit(cfg)
-    assert kit is not None
-    netns = f"aenvbench-{os.getpid()}"
-    await create_detached_tap(netns)
-    try:
-        gateway = f"{cfg.net.guest_gateway}/{cfg.net.guest_prefix}"
-        # Re-ask for the guest's MAC every 10 ms, so the probe sees the guest the moment
-        # it answers (the default retry is a second).
-        for argv in (
-            ("ip", "-n", netns, "addr", "add", gateway, "dev", TAP_NAME),
-            (
-                "ip",
-                "netns",
-                "exec",
-                netns,
-                "sysctl",
-                "-qw",
-                f"net.ipv4.neigh.{TAP_NAME}.retrans_time_ms=10",
-            ),
-        ):
-            await (await asyncio.create_subprocess_exec(*argv)).wait()
-        probe = await asyncio.create_subprocess_exec(
-            "ip", "netns", "exec", netns, sys.executable, "-c", _HEALTH_PROBE, cfg.net.guest_ip,
-            stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        disk = workdir / "disk.qcow2"
-        await create_qcow2(disk, DISK_BYTES)
-        name = f"aenv-bench-{os.getpid()}"
-        kernel_args = guest_kernel_args(cfg)
-        spec = sandbox_vm(kit, name, Shape(1, 256), disk, workdir, kernel_args, netns)
-        driver = QemuDriver(cfg.vmm.qemu_binary, "tcg")
-        start = time.monotonic()
-        handle = await driver.restore(spec, snapshot)
-        try:
-            async with asyncio.timeout(60):
-                out, _ = await probe.communicate()
-        finally:
-            await driver.stop(handle)
-        return float(out) - start
-    finally:
-        await destroy_network(netns)
+    async with RawGuest(workdir) as guest:
+        return await guest.restore(snapshot)
 
 
 def burst(server: LiveServer, count: int) -> dict:

@@ -120,9 +120,10 @@ def _kit_from_dir(directory: Path, version: str) -> Kit:
     )
 
 
-def load_kit(cfg: Config) -> Kit | None:
-    """The built kit matching the current inputs, or None if it must be (re)built."""
-    version = kit_version(cfg)
+def load_kit(cfg: Config, version: str | None = None) -> Kit | None:
+    """The built kit matching the current inputs (or `version`: one a paused sandbox still
+    runs on), or None if it is not built."""
+    version = version or kit_version(cfg)
     directory = cfg.kit_dir / version
     try:
         manifest = json.loads((directory / "manifest.json").read_text())

@@ -19,7 +19,7 @@ from ..config import Config
 from ..control.store import SandboxRecord, SandboxStore
 from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..guest.client import AgentClient
-from ..guest.kit import Kit, guest_args
+from ..guest.kit import Kit, guest_args, load_kit
 from ..images.catalog import Template, TemplateCatalog
 from ..net.netns import NetworkPlan, create_network, destroy_network, plan_network
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
@@ -218,19 +218,10 @@ class SandboxManager:
         plan = self.network_plan(record)
         await create_network(plan, record.allow_internet)
         cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
-        spec = sandbox_vm(
-            self.kit,
-            f"aenv-{record.sandbox_id}",
-            Shape(record.vcpus, record.memory_mb),
-            overlay,
-            workdir,
-            guest_kernel_args(self.cfg),
-            plan.netns,
-        )
+        spec = self._vm_spec(record, self.kit)
         handle = await self._start_vm(spec, record, restorable=size is not None)
         cleanup.push("vm", lambda: self.driver.stop(handle))
-        record.vm = handle.to_dict()
-        await self.store.update(record.sandbox_id, vm=record.vm)
+        await self._save_vm(record, handle, self.kit)
         agent = self._agent(record)
         await agent.init(
             {**template.env, **record.env_vars},
@@ -244,6 +235,30 @@ class SandboxManager:
             except httpx.HTTPError as exc:
                 # The sandbox is usable without it; the image's command is a convenience.
                 log.warning("sandbox %s: image command failed to start: %s", record.sandbox_id, exc)
+
+    def _vm_spec(self, record: SandboxRecord, kit: Kit) -> VmSpec:
+        return sandbox_vm(
+            kit,
+            f"aenv-{record.sandbox_id}",
+            Shape(record.vcpus, record.memory_mb),
+            self.workdir(record.sandbox_id) / "rootfs.qcow2",
+            self.workdir(record.sandbox_id),
+            guest_kernel_args(self.cfg),
+            self.network_plan(record).netns,
+        )
+
+    async def _save_vm(self, record: SandboxRecord, handle: VmHandle, kit: Kit) -> None:
+        # The kit is pinned: a paused guest has its runtime disk mounted and must get it back.
+        handle.extra["kit"] = kit.version
+        record.vm = handle.to_dict()
+        await self.store.update(record.sandbox_id, vm=record.vm)
+
+    def _pinned_kit(self, record: SandboxRecord) -> Kit:
+        version = (record.vm or {}).get("extra", {}).get("kit", self.kit.version)
+        kit = self.kit if version == self.kit.version else load_kit(self.cfg, version)
+        if kit is None:
+            raise Unavailable(f"kit {version}, which this sandbox runs on, is gone")
+        return kit
 
     async def _start_vm(self, spec: VmSpec, record: SandboxRecord, restorable: bool) -> VmHandle:
         """Restore from the boot snapshot of the VM's shape if there is one, else boot."""
@@ -353,19 +368,23 @@ class SandboxManager:
         await self.store.update(record.sandbox_id, end_at=end_at)
 
     async def pause(self, sandbox_id: str) -> None:
-        """Freeze the guest and save its device state; it uses no CPU until resumed."""
+        """Save the guest's device state next to its RAM file and stop its VMM: a paused
+        sandbox holds disk, not memory or CPU, until it is resumed."""
         async with self._lock(sandbox_id):
             record = await self.get(sandbox_id)
             await self._transition(record, Event.PAUSE)
             self._routes.pop(sandbox_id, None)
+            assert record.vm is not None
+            handle = VmHandle.from_dict(record.vm)
             try:
-                assert record.vm is not None
-                handle = VmHandle.from_dict(record.vm)
-                await self.driver.pause(handle, self.workdir(sandbox_id) / "snapshot")
+                await self.driver.pause(handle, self._snapshot_dir(sandbox_id))
             except BaseException:
+                with contextlib.suppress(VmmError, OSError):
+                    await self.driver.resume(handle)
                 await self._transition(record, Event.FAILED)
                 self._routes[sandbox_id] = self._route(record)
                 raise
+            await self.driver.stop(handle)
             await self._transition(record, Event.PAUSED)
         log.info("sandbox %s paused", sandbox_id)
 
@@ -381,8 +400,7 @@ class SandboxManager:
                 return record, False
             await self._transition(record, Event.RESUME)
             try:
-                assert record.vm is not None
-                await self.driver.resume(VmHandle.from_dict(record.vm))
+                await self._restore_paused(record)
             except BaseException:
                 await self._transition(record, Event.FAILED)
                 raise
@@ -392,6 +410,32 @@ class SandboxManager:
             self._routes[sandbox_id] = self._route(record)
         log.info("sandbox %s resumed", sandbox_id)
         return record, True
+
+    async def _restore_paused(self, record: SandboxRecord) -> None:
+        """A new VMM from the paused sandbox's own files; the guest continues where it was."""
+        assert record.vm is not None
+        # A VMM still there (paused in place by an older server) would hold the tap.
+        await self.driver.stop(VmHandle.from_dict(record.vm))
+        kit = self._pinned_kit(record)
+        spec = self._vm_spec(record, kit)
+        try:
+            handle = await self.driver.restore(spec, self._snapshot_dir(record.sandbox_id))
+        except VmmError as exc:
+            raise Unavailable(f"sandbox {record.sandbox_id} could not be resumed: {exc}") from exc
+        try:
+            await self._await_agent(handle, record, RESTORE_TIMEOUT, poll=0.02)
+            # The guest's clock stood still while it was paused; /init sets it again.
+            await self._agent(record).init({}, record.access_token)
+        except (TimeoutError, VmmError, httpx.HTTPError) as exc:
+            await self.driver.stop(handle)
+            raise Unavailable(f"sandbox {record.sandbox_id} did not come back: {exc}") from exc
+        except BaseException:
+            await self.driver.stop(handle)
+            raise
+        await self._save_vm(record, handle, kit)
+
+    def _snapshot_dir(self, sandbox_id: str) -> Path:
+        return self.workdir(sandbox_id) / "snapshot"
 
     # -- background ------------------------------------------------------------------
 
@@ -422,9 +466,13 @@ class SandboxManager:
 
     def adopt(self, record: SandboxRecord) -> None:
         """Serve a sandbox whose VM survived a server restart."""
-        self._routes[record.sandbox_id] = Route(
-            self.network_plan(record).ns_ip, record.access_token
-        )
+        self._routes[record.sandbox_id] = self._route(record)
+
+    def is_resumable(self, record: SandboxRecord) -> bool:
+        """A paused sandbox whose saved state survived (a server restart, say)."""
+        return (self._snapshot_dir(record.sandbox_id) / "vmstate").is_file() and (
+            self.workdir(record.sandbox_id) / "memory"
+        ).is_file()
 
 
 def _disk_size(template: Template) -> int:

@@ -24,16 +24,16 @@ class RecoveryReport:
 
 
 async def recover(manager: SandboxManager) -> RecoveryReport:
-    """Adopt live running sandboxes, tear down the rest, then sweep leftovers by kind."""
+    """Adopt live running and intact paused sandboxes, tear down the rest, then sweep
+    leftovers by kind."""
     report = RecoveryReport()
     for record in await manager.store.list():
-        alive = (
-            record.state in (State.RUNNING, State.PAUSED)
-            and record.vm is not None
-            and manager.driver.is_alive(VmHandle.from_dict(record.vm))
-        )
-        if alive:
+        alive = record.vm is not None and manager.driver.is_alive(VmHandle.from_dict(record.vm))
+        if record.state == State.RUNNING and alive:
             manager.adopt(record)
+            report.adopted.append(record.sandbox_id)
+            continue
+        if record.state == State.PAUSED and (alive or manager.is_resumable(record)):
             report.adopted.append(record.sandbox_id)
             continue
         try:

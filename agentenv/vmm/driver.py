@@ -94,7 +94,8 @@ class VmmDriver(Protocol):
         ...
 
     async def restore(self, spec: VmSpec, snapshot_dir: Path) -> VmHandle:
-        """Start `spec` from the memory and device state `pause` wrote; running on return."""
+        """Start `spec` from the device state `pause` wrote to `snapshot_dir`, and the RAM
+        in `snapshot_dir` if there is one there (a clone), else the VM's own; running on return."""
         ...
 
     async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:

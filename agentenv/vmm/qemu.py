@@ -169,11 +169,15 @@ class QemuDriver:
 
     async def restore(self, spec: VmSpec, snapshot_dir: Path) -> VmHandle:
         spec.workdir.mkdir(parents=True, exist_ok=True)
-        # Each clone writes its own RAM: copy the snapshot's (sparse) memory file.
-        try:
-            await asyncio.to_thread(copy_sparse, snapshot_dir / "memory", spec.workdir / "memory")
-        except OSError as exc:
-            raise VmmError(f"copying the snapshot's memory failed: {exc}") from exc
+        # A clone writes its own RAM: copy the snapshot's (sparse) memory file. A paused VM
+        # has none there: its own RAM file in its workdir is still what it was.
+        if (snapshot_dir / "memory").exists():
+            try:
+                await asyncio.to_thread(
+                    copy_sparse, snapshot_dir / "memory", spec.workdir / "memory"
+                )
+            except OSError as exc:
+                raise VmmError(f"copying the snapshot's memory failed: {exc}") from exc
         handle = await self._launch(spec, incoming=True)
         try:
             client = await QmpClient.connect(Path(handle.extra["qmp"]))

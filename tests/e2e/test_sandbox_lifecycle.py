@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -251,6 +253,9 @@ def test_pause_and_connect_resume_where_it_stopped(server: LiveServer) -> None:
     )
     with server.client() as api:
         assert api.post(f"/sandboxes/{sid}/pause", json={}).status_code == 204
+        # Paused, the sandbox holds files, not a VMM process (nor its memory).
+        assert not vmm_running(server, sid)
+        assert (server.home / "sandboxes" / sid / "snapshot" / "vmstate").is_file()
         again = api.post(f"/sandboxes/{sid}/pause", json={})
         assert (again.status_code, again.json()["code"]) == (409, 409)
         assert api.get(f"/sandboxes/{sid}").json()["state"] == "paused"
@@ -267,6 +272,38 @@ def test_pause_and_connect_resume_where_it_stopped(server: LiveServer) -> None:
     out, _, code = run(server, sandbox, "kill -0 $(cat /tmp/sleep.pid) && echo alive")
     assert (out, code) == ("alive\n", 0)
     kill(server, sid)
+
+
+def vmm_running(server: LiveServer, sandbox_id: str) -> bool:
+    workdir = str(server.home / "sandboxes" / sandbox_id).encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if workdir in (proc / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                pass
+    return False
+
+
+def test_paused_sandbox_survives_a_server_restart(fresh_server: LiveServer) -> None:
+    fresh_server.start()
+    sandbox = create(fresh_server)
+    sid = sandbox["sandboxID"]
+    run(fresh_server, sandbox, "echo kept > /tmp/mark; nohup sleep 1000 >/dev/null 2>&1 &")
+    with fresh_server.client() as api:
+        assert api.post(f"/sandboxes/{sid}/pause", json={}).status_code == 204
+    fresh_server.stop()
+    fresh_server.start()
+    with fresh_server.client() as api:
+        assert api.get(f"/sandboxes/{sid}").json()["state"] == "paused"
+        assert api.post(f"/sandboxes/{sid}/connect", json={"timeout": 60}).status_code == 201
+    out, _, _ = run(fresh_server, sandbox, "cat /tmp/mark; pgrep -x sleep >/dev/null && echo up")
+    assert out == "kept\nup\n"
+    clock, _, _ = run(fresh_server, sandbox, "date +%s")
+    assert abs(int(clock) - time.time()) < 10
+    kill(fresh_server, sid)
+    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0)
 
 
 def test_auto_pause_on_expiry(server: LiveServer) -> None:

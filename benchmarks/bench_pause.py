@@ -1,0 +1,109 @@
+"""Pause and resume through the API, next to the QEMU driver alone doing the same.
+
+Prints JSON lines. Ours: `POST /sandboxes/{id}/pause` until it answers, and
+`POST /sandboxes/{id}/connect` until `echo ready` run through the proxy prints. Floors
+(`rawguest.RawGuest`): the driver saving device state and stopping QEMU, and the driver
+restoring from those files until the agent answers `/health`. Also the resident memory of
+the sandbox's VMM process running and while paused.
+Run: `python -m benchmarks.bench_pause [--cycles N]` from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from agentenv.cli.client import EnvdClient
+from tests.live import LiveServer
+
+from .harness import create_to_first_output, live_server, wait_snapshot
+from .rawguest import RawGuest
+
+
+def first_output(server: LiveServer, sandbox_id: str) -> None:
+    message = {"process": {"cmd": "/bin/echo", "args": ["ready"]}, "stdin": False}
+    with EnvdClient(server.url, sandbox_id) as envd:
+        for _ in envd.stream("process.Process/Start", message):
+            pass
+
+
+def vmm_rss_mib(server: LiveServer, sandbox_id: str) -> float:
+    workdir = str(server.home / "sandboxes" / sandbox_id).encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if workdir in (proc / "cmdline").read_bytes():
+                    status = (proc / "status").read_text()
+                    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+            except (OSError, IndexError):
+                pass
+    return 0.0
+
+
+def api_cycle(server: LiveServer, sandbox_id: str) -> tuple[float, float, float]:
+    """(pause seconds, resume-to-output seconds, VMM resident MiB while paused)."""
+    with server.client() as api:
+        start = time.perf_counter()
+        response = api.post(f"/sandboxes/{sandbox_id}/pause", json={})
+        paused = time.perf_counter() - start
+        assert response.status_code == 204, response.text
+        rss_paused = vmm_rss_mib(server, sandbox_id)
+        start = time.perf_counter()
+        response = api.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 300})
+        assert response.status_code == 201, response.text
+    first_output(server, sandbox_id)
+    return paused, time.perf_counter() - start, rss_paused
+
+
+async def raw_cycles(snapshot: Path, cycles: int) -> tuple[list[float], list[float]]:
+    pauses, resumes = [], []
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        async with RawGuest(Path(tmp)) as guest:
+            await guest.restore(snapshot)
+            for _ in range(cycles):
+                pauses.append(await guest.pause())
+                resumes.append(await guest.restore(guest.snapshot_dir))
+    return pauses, resumes
+
+
+def _p50(samples: list[float]) -> float:
+    return round(statistics.median(samples), 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cycles", type=int, default=5)
+    args = parser.parse_args()
+    with live_server() as server:
+        snapshot = wait_snapshot(server)
+        _, sandbox_id = create_to_first_output(server)
+        rss = vmm_rss_mib(server, sandbox_id)
+        pauses, resumes, paused_rss = [], [], []
+        for _ in range(args.cycles):
+            paused, resumed, rss_paused = api_cycle(server, sandbox_id)
+            pauses.append(paused)
+            resumes.append(resumed)
+            paused_rss.append(rss_paused)
+        raw_pauses, raw_resumes = asyncio.run(raw_cycles(snapshot, args.cycles))
+    doc = {
+        "bench": "pause_resume",
+        "cycles": args.cycles,
+        "pause_p50_s": _p50(pauses),
+        "raw_pause_p50_s": _p50(raw_pauses),
+        "resume_to_first_output_p50_s": _p50(resumes),
+        "raw_resume_to_agent_health_p50_s": _p50(raw_resumes),
+        "pause_over_raw": round(statistics.median(pauses) / statistics.median(raw_pauses), 2),
+        "resume_over_raw": round(statistics.median(resumes) / statistics.median(raw_resumes), 2),
+        "vmm_rss_mib_running": round(rss, 1),
+        "vmm_rss_mib_paused_max": round(max(paused_rss), 1),
+    }
+    print(json.dumps(doc))
+
+
+if __name__ == "__main__":
+    main()

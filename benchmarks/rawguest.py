@@ -1,0 +1,95 @@
+"""A sandbox-shaped VM driven by the QEMU driver alone: the floor under our API's paths.
+
+It runs in a namespace of its own with a tap like a sandbox's, and a probe inside the
+namespace, started before the VM, times the moment the guest's agent answers `/health`
+(no API, overlay setup, NAT, `/init` or proxy on the way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+from agentenv.config import load_config
+from agentenv.guest.kit import load_kit
+from agentenv.net.netns import TAP_NAME, create_detached_tap, destroy_network
+from agentenv.runtime.bootsnap import DISK_BYTES, Shape, sandbox_vm
+from agentenv.runtime.manager import guest_kernel_args
+from agentenv.vmm.driver import VmHandle
+from agentenv.vmm.qemu import QemuDriver
+from agentenv.vmm.qemuimg import create_qcow2
+
+_HEALTH_PROBE = """
+import socket, sys, time
+while True:
+    try:
+        with socket.create_connection((sys.argv[1], 49983), timeout=0.05) as conn:
+            conn.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
+            if b" 204 " in conn.recv(64):
+                break
+    except OSError:
+        time.sleep(0.005)
+print(time.monotonic())
+"""
+
+
+class RawGuest:
+    """`async with RawGuest(workdir) as guest`: restore, pause and restore again, timed."""
+
+    def __init__(self, workdir: Path, memory_mb: int = 256) -> None:
+        self.cfg = load_config()
+        kit = load_kit(self.cfg)
+        assert kit is not None, "build the kit first"
+        self.netns = f"aenvbench-{os.getpid()}"
+        self.disk = workdir / "disk.qcow2"
+        self.snapshot_dir = workdir / "snapshot"
+        name = f"aenv-bench-{os.getpid()}"
+        args = guest_kernel_args(self.cfg)
+        shape = Shape(1, memory_mb)
+        self.spec = sandbox_vm(kit, name, shape, self.disk, workdir, args, self.netns)
+        self.driver = QemuDriver(self.cfg.vmm.qemu_binary, "tcg")
+        self.handle: VmHandle | None = None
+
+    async def __aenter__(self) -> RawGuest:
+        await create_detached_tap(self.netns)
+        net = self.cfg.net
+        # Re-ask for the guest's MAC every 10 ms, so the probe sees the guest the moment it
+        # answers (the default retry is a second).
+        for argv in (
+            ("ip", "-n", self.netns, "addr", "add", f"{net.guest_gateway}/{net.guest_prefix}",
+             "dev", TAP_NAME),
+            ("ip", "netns", "exec", self.netns, "sysctl", "-qw",
+             f"net.ipv4.neigh.{TAP_NAME}.retrans_time_ms=10"),
+        ):  # fmt: skip
+            await (await asyncio.create_subprocess_exec(*argv)).wait()
+        await create_qcow2(self.disk, DISK_BYTES)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.handle is not None:
+            await self.driver.stop(self.handle)
+        await destroy_network(self.netns)
+
+    async def restore(self, snapshot: Path) -> float:
+        """Seconds from the restore call until the agent answers."""
+        probe = await asyncio.create_subprocess_exec(
+            "ip", "netns", "exec", self.netns, sys.executable, "-c", _HEALTH_PROBE,
+            self.cfg.net.guest_ip, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        start = time.monotonic()
+        self.handle = await self.driver.restore(self.spec, snapshot)
+        async with asyncio.timeout(60):
+            out, _ = await probe.communicate()
+        return float(out) - start
+
+    async def pause(self) -> float:
+        """Seconds to save the device state and stop the VMM (what a pause does)."""
+        assert self.handle is not None
+        start = time.monotonic()
+        await self.driver.pause(self.handle, self.snapshot_dir)
+        await self.driver.stop(self.handle)
+        self.handle = None
+        return time.monotonic() - start
