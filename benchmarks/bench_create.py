@@ -27,7 +27,7 @@ from agentenv.images.base import build_base_template
 from tests.live import LiveServer
 from tests.rawvm import RawVm
 
-from .harness import create_to_first_output, live_server, wait_snapshot
+from .harness import create_to_first_output, live_server, vmm_rss_mib, wait_snapshot
 from .rawguest import RawGuest
 
 
@@ -101,17 +101,7 @@ def idle_rss(server: LiveServer, count: int, settle_s: float) -> dict:
             for _ in range(count)
         ]
     time.sleep(settle_s)
-    rss_kib = []
-    for sandbox_id in ids:
-        workdir = str(server.home / "sandboxes" / sandbox_id).encode()
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    if workdir in (proc / "cmdline").read_bytes():
-                        status = (proc / "status").read_text()
-                        rss_kib.append(int(status.split("VmRSS:")[1].split()[0]))
-                except (OSError, IndexError):
-                    pass
+    rss = [vmm_rss_mib(server, sandbox_id) for sandbox_id in ids]
     with server.client() as api:
         for sandbox_id in ids:
             api.delete(f"/sandboxes/{sandbox_id}")
@@ -120,8 +110,8 @@ def idle_rss(server: LiveServer, count: int, settle_s: float) -> dict:
         "sandboxes": count,
         "settle_s": settle_s,
         "guest_memory_mb": 256,
-        "rss_mib_p50": round(statistics.median(rss_kib) / 1024, 1),
-        "rss_mib_max": round(max(rss_kib) / 1024, 1),
+        "rss_mib_p50": round(statistics.median(rss), 1),
+        "rss_mib_max": round(max(rss), 1),
     }
 
 

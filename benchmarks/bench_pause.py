@@ -21,7 +21,7 @@ from pathlib import Path
 from agentenv.cli.client import EnvdClient
 from tests.live import LiveServer
 
-from .harness import create_to_first_output, live_server, wait_snapshot
+from .harness import create_to_first_output, live_server, vmm_rss_mib, wait_snapshot
 from .rawguest import RawGuest
 
 
@@ -30,19 +30,6 @@ def first_output(server: LiveServer, sandbox_id: str) -> None:
     with EnvdClient(server.url, sandbox_id) as envd:
         for _ in envd.stream("process.Process/Start", message):
             pass
-
-
-def vmm_rss_mib(server: LiveServer, sandbox_id: str) -> float:
-    workdir = str(server.home / "sandboxes" / sandbox_id).encode()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if workdir in (proc / "cmdline").read_bytes():
-                    status = (proc / "status").read_text()
-                    return int(status.split("VmRSS:")[1].split()[0]) / 1024
-            except (OSError, IndexError):
-                pass
-    return 0.0
 
 
 def api_cycle(server: LiveServer, sandbox_id: str) -> tuple[float, float, float]:

@@ -14,7 +14,7 @@ from agentenv.cli.client import EnvdClient
 from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
 from agentenv.runtime.bootsnap import complete_snapshots
-from tests.live import LiveServer
+from tests.live import LiveServer, vmm_pid
 
 
 @contextmanager
@@ -62,3 +62,12 @@ def wait_snapshot(server: LiveServer, memory_mb: int = 256, timeout: float = 300
                 return path
         time.sleep(0.5)
     raise RuntimeError("no boot snapshot within the timeout")
+
+
+def vmm_rss_mib(server: LiveServer, sandbox_id: str) -> float:
+    """Resident memory of the sandbox's VMM process; 0 when it has none (paused)."""
+    pid = vmm_pid(server, sandbox_id)
+    if pid is None:
+        return 0.0
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024

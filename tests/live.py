@@ -176,6 +176,19 @@ class HostResources:
         return cls(vmms, namespaces, links, workdirs, mounts)
 
 
+def vmm_pid(server: LiveServer, sandbox_id: str) -> int | None:
+    """The pid of the sandbox's VMM process (its work directory is in the command line)."""
+    workdir = str(server.home / "sandboxes" / sandbox_id).encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if workdir in (proc / "cmdline").read_bytes():
+                    return int(proc.name)
+            except OSError:
+                pass
+    return None
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.5) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

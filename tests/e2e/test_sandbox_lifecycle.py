@@ -7,14 +7,13 @@ import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentenv.cli.client import EnvdClient
 
-from ..live import TEST_KEY, HostResources, LiveServer, wait_for
+from ..live import TEST_KEY, HostResources, LiveServer, vmm_pid, wait_for
 
 pytestmark = pytest.mark.vm
 
@@ -254,7 +253,7 @@ def test_pause_and_connect_resume_where_it_stopped(server: LiveServer) -> None:
     with server.client() as api:
         assert api.post(f"/sandboxes/{sid}/pause", json={}).status_code == 204
         # Paused, the sandbox holds files, not a VMM process (nor its memory).
-        assert not vmm_running(server, sid)
+        assert vmm_pid(server, sid) is None
         assert (server.home / "sandboxes" / sid / "snapshot" / "vmstate").is_file()
         again = api.post(f"/sandboxes/{sid}/pause", json={})
         assert (again.status_code, again.json()["code"]) == (409, 409)
@@ -272,18 +271,6 @@ def test_pause_and_connect_resume_where_it_stopped(server: LiveServer) -> None:
     out, _, code = run(server, sandbox, "kill -0 $(cat /tmp/sleep.pid) && echo alive")
     assert (out, code) == ("alive\n", 0)
     kill(server, sid)
-
-
-def vmm_running(server: LiveServer, sandbox_id: str) -> bool:
-    workdir = str(server.home / "sandboxes" / sandbox_id).encode()
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if workdir in (proc / "cmdline").read_bytes():
-                    return True
-            except OSError:
-                pass
-    return False
 
 
 def test_paused_sandbox_survives_a_server_restart(fresh_server: LiveServer) -> None:
