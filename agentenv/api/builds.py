@@ -32,6 +32,11 @@ router = APIRouter()
 _tasks: set[asyncio.Task[None]] = set()
 
 
+# Bounds on what a template may ask for (admission still checks the host has it).
+MAX_VCPUS = 16
+MAX_MEMORY_MB = 65536
+
+
 class TemplateBuildRequest(BaseModel):
     """`TemplateBuildRequestV3`; `alias` is what SDKs before `name` existed sent."""
 
@@ -42,8 +47,8 @@ class TemplateBuildRequest(BaseModel):
     tags: list[str] | None = None
     # One team per server: accepted so older SDKs work, and meaningless here.
     teamID: str | None = None
-    cpuCount: int | None = Field(default=None, ge=1)
-    memoryMB: int | None = Field(default=None, ge=128)
+    cpuCount: int | None = Field(default=None, ge=1, le=MAX_VCPUS)
+    memoryMB: int | None = Field(default=None, ge=128, le=MAX_MEMORY_MB)
     minFreeDiskMb: int | None = Field(default=None, ge=0)
 
 
@@ -120,22 +125,13 @@ async def request_build(request: Request, body: TemplateBuildRequest) -> dict[st
     if running:
         raise Conflict(f"template '{name}' is being built (build {running[-1].build_id})")
     build = tracker.create(name)
-    requested = {
-        key: value
-        for key, value in (
-            ("cpuCount", body.cpuCount),
-            ("memoryMB", body.memoryMB),
-            ("minFreeDiskMb", body.minFreeDiskMb),
-        )
-        if value is not None
-    }
-    if requested:
-        # Templates carry no sizes yet; say so in the log the SDK shows rather than drop it.
-        sandbox = request.app.state.config.sandbox
+    build.vcpus, build.memory_mb = body.cpuCount, body.memoryMB
+    if body.minFreeDiskMb is not None:
+        # Disks have one size per server; say so in the log the SDK shows, not drop it.
+        disk = request.app.state.config.sandbox.disk_size_mb
         build.log(
-            f"{', '.join(f'{k}={v}' for k, v in requested.items())}: per-template sizes are "
-            f"not stored yet; sandboxes get the server's {sandbox.vcpus} vCPU, "
-            f"{sandbox.memory_mb} MB memory, {sandbox.disk_size_mb} MB disk",
+            f"minFreeDiskMb={body.minFreeDiskMb}: per-template disk sizes are not supported; "
+            f"sandboxes get the server's {disk} MB disk",
             "warn",
         )
     return {
@@ -248,7 +244,18 @@ async def _pull(
         record = await asyncio.to_thread(
             _pull_with, request.app.state.config, puller, image, credentials, build, progress
         )
+    await _save_sized(request, build, record)
     build.succeed(f"template {record.template_id} ready: {record.source} ({record.digest})")
+
+
+async def _save_sized(request: Request, build: Build, record: TemplateRecord) -> None:
+    """Save `record` with the sandbox size the build asked for (else the one it has)."""
+    sized = dataclasses.replace(
+        record,
+        vcpus=build.vcpus or record.vcpus,
+        memory_mb=build.memory_mb or record.memory_mb,
+    )
+    await asyncio.to_thread(_catalog(request).templates.save, sized)
 
 
 def _pull_with(
@@ -283,7 +290,7 @@ async def _copy(request: Request, build: Build, parent: str) -> None:
     copied = dataclasses.replace(
         record, template_id=build.template_id, created_at=datetime.now(UTC).isoformat()
     )
-    await asyncio.to_thread(templates.save, copied)
+    await _save_sized(request, build, copied)
     build.succeed(f"template {build.template_id} ready: a copy of {parent}")
 
 

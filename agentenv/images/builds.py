@@ -45,6 +45,9 @@ class Build:
     reason: str | None = None
     created_at: str = field(default_factory=_now)
     finished_at: str | None = None
+    # Sandbox size the template will carry (E2B's cpuCount/memoryMB), when asked for.
+    vcpus: int | None = None
+    memory_mb: int | None = None
     _logs: list[BuildLog] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

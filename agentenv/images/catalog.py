@@ -27,6 +27,9 @@ class Template:
     user: str = ""
     # The image's Entrypoint + Cmd, started in the background when a sandbox starts.
     command: list[str] = field(default_factory=list)
+    # The template's own sandbox size; None: the server's default.
+    vcpus: int | None = None
+    memory_mb: int | None = None
 
 
 class TemplateCatalog:
@@ -67,4 +70,6 @@ class TemplateCatalog:
             workdir=record.workdir,
             user=record.user.split(":", 1)[0],
             command=[*(record.entrypoint or []), *(record.cmd or [])],
+            vcpus=record.vcpus,
+            memory_mb=record.memory_mb,
         )

@@ -37,6 +37,9 @@ class TemplateRecord:
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    # Sandbox size set by the template's build (E2B's cpuCount/memoryMB); None: the server's.
+    vcpus: int | None = None
+    memory_mb: int | None = None
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1).encode()

@@ -160,9 +160,9 @@ class SandboxManager:
         template = await asyncio.to_thread(self.catalog.resolve, request.template_id)
         timeout = self._clamp_timeout(request.timeout)
         sandbox = self.cfg.sandbox
-        admit(
-            sandbox.memory_mb, sandbox.min_free_memory_mb, self.cfg.home, sandbox.min_free_disk_mb
-        )
+        vcpus = template.vcpus or sandbox.vcpus
+        memory_mb = template.memory_mb or sandbox.memory_mb
+        admit(memory_mb, sandbox.min_free_memory_mb, self.cfg.home, sandbox.min_free_disk_mb)
         started = now()
         cleanup = CleanupStack(f"create sandbox for {request.template_id}")
         async with self._slot_lock:
@@ -175,8 +175,8 @@ class SandboxManager:
                 state=State.CREATING,
                 started_at=started,
                 end_at=started + timedelta(seconds=timeout),
-                vcpus=sandbox.vcpus,
-                memory_mb=sandbox.memory_mb,
+                vcpus=vcpus,
+                memory_mb=memory_mb,
                 disk_mb=sandbox.disk_size_mb,
                 slot=slot,
                 metadata=request.metadata,

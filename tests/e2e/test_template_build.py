@@ -61,6 +61,27 @@ def test_build_from_image_then_sandbox(server: LiveServer, images: Images) -> No
         sandbox.kill()
 
 
+def test_template_sizes_its_sandboxes(server: LiveServer, images: Images) -> None:
+    Template.build(Template().from_image(images.app), alias="sized-app", cpu_count=2, memory_mb=320)
+    with server.client() as api:
+        template = api.get("/templates/sized-app").json()
+    assert (template["cpuCount"], template["memoryMB"]) == (2, 320)
+    sandbox = Sandbox.create("sized-app")
+    try:
+        info = sandbox.get_info()
+        assert (info.cpu_count, info.memory_mb) == (2, 320)
+        out = sandbox.commands.run("nproc; grep MemTotal /proc/meminfo").stdout.split()
+        assert out[0] == "2"
+        assert 250 * 1024 < int(out[2]) <= 320 * 1024  # kB the guest kernel can use
+    finally:
+        sandbox.kill()
+    # A copy keeps its parent's size unless it asks for another.
+    Template.build(Template().from_template("sized-app"), alias="sized-copy", memory_mb=384)
+    with server.client() as api:
+        copy = api.get("/templates/sized-copy").json()
+    assert (copy["cpuCount"], copy["memoryMB"]) == (2, 384)
+
+
 def test_build_in_background_from_template(server: LiveServer, images: Images) -> None:
     if "built-app" not in _template_ids(server):
         Template.build(Template().from_image(images.app), alias="built-app")
