@@ -172,6 +172,16 @@ class ApiClient(_Base):
     def kill_sandbox(self, sandbox_id: str) -> None:
         self._call("DELETE", f"/sandboxes/{quote(sandbox_id, safe='')}")
 
+    def pause_sandbox(self, sandbox_id: str) -> None:
+        self._call("POST", f"/sandboxes/{quote(sandbox_id, safe='')}/pause", json={})
+
+    def resume_sandbox(self, sandbox_id: str, timeout: int | None) -> bool:
+        """Connect to a sandbox, resuming it if paused; True if it was paused."""
+        body = {"timeout": timeout} if timeout is not None else {}
+        path = f"/sandboxes/{quote(sandbox_id, safe='')}/connect"
+        response = self._call("POST", path, json=body)
+        return response.status_code == 201
+
     def set_timeout(self, sandbox_id: str, seconds: int) -> None:
         self._call(
             "POST", f"/sandboxes/{quote(sandbox_id, safe='')}/timeout", json={"timeout": seconds}

@@ -12,7 +12,7 @@ from typing import BinaryIO
 
 import httpx
 
-from agentenv.cli.client import ApiError, EnvdClient, ServerUnreachable
+from agentenv.cli.client import ApiClient, ApiError, EnvdClient, ServerUnreachable
 from agentenv.cli.context import CliError, Context
 from agentenv.cli.credentials import Credentials, credentials_path, read_file, save_credentials
 from agentenv.cli.output import print_json, print_sandboxes
@@ -183,11 +183,28 @@ def cmd_ls(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_rm(ctx: Context, args: argparse.Namespace) -> int:
     """Kill each sandbox; report failures and exit 1 if any failed."""
+    return _each(ctx, args.ids, lambda api, sandbox_id: api.kill_sandbox(sandbox_id))
+
+
+def cmd_pause(ctx: Context, args: argparse.Namespace) -> int:
+    """Pause sandboxes (their state is saved, their VMs stop); exit 1 if any failed."""
+    return _each(ctx, args.ids, lambda api, sandbox_id: api.pause_sandbox(sandbox_id))
+
+
+def cmd_resume(ctx: Context, args: argparse.Namespace) -> int:
+    """Resume paused sandboxes where they stopped (running ones only get the timeout)."""
+    return _each(
+        ctx, args.ids, lambda api, sandbox_id: api.resume_sandbox(sandbox_id, args.timeout)
+    )
+
+
+def _each(ctx: Context, ids: list[str], action: Callable[[ApiClient, str], object]) -> int:
+    """Apply `action` to each sandbox, printing the ids that worked; exit 1 if any failed."""
     failed = False
     with ctx.api() as api:
-        for sandbox_id in args.ids:
+        for sandbox_id in ids:
             try:
-                api.kill_sandbox(sandbox_id)
+                action(api, sandbox_id)
             except ApiError as exc:
                 failed = True
                 ctx.warn(f"error: {sandbox_id}: {exc.message}")

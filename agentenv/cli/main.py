@@ -70,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "rm", commands.cmd_rm, "kill sandboxes")
     p.add_argument("ids", nargs="+", metavar="ID")
 
+    p = _add(sub, "pause", commands.cmd_pause, "pause sandboxes (state saved, VM stopped)")
+    p.add_argument("ids", nargs="+", metavar="ID")
+
+    p = _add(sub, "resume", commands.cmd_resume, "resume paused sandboxes where they stopped")
+    p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("--timeout", type=int, metavar="SECONDS", help="lifetime from now")
+
     p = _add(sub, "timeout", commands.cmd_timeout, "set a sandbox to expire SECONDS from now")
     p.add_argument("id", metavar="ID")
     p.add_argument("seconds", type=int, metavar="SECONDS")

@@ -108,6 +108,17 @@ def test_upload_download_round_trip(sandbox: str, tmp_path: Path) -> None:
     assert dest.read_bytes() == src.read_bytes()
 
 
+def test_pause_then_resume(sandbox: str) -> None:
+    aenv("exec", sandbox, "--", "echo before > /tmp/aenv-cli-pause")
+    assert aenv("pause", sandbox).stdout.decode().split() == [sandbox]
+    assert json.loads(aenv("info", sandbox).stdout)["state"] == "paused"
+    twice = aenv("pause", sandbox, check=False)
+    assert twice.returncode == 1 and b"error: " in twice.stderr
+    assert aenv("resume", sandbox, "--timeout", "600").stdout.decode().split() == [sandbox]
+    assert json.loads(aenv("info", sandbox).stdout)["state"] == "running"
+    assert aenv("exec", sandbox, "--", "cat /tmp/aenv-cli-pause").stdout == b"before\n"
+
+
 def test_rm_then_missing(tag: str) -> None:
     meta = f"clitest={tag}-rm"
     proc = aenv("start", TEMPLATE, "--detach", "--timeout", "120", "--metadata", meta)
