@@ -4,7 +4,8 @@ Prints JSON lines. Ours: `POST /sandboxes/{id}/pause` until it answers, and
 `POST /sandboxes/{id}/connect` until `echo ready` run through the proxy prints. Floors
 (`rawguest.RawGuest`): the driver saving device state and stopping QEMU, and the driver
 restoring from those files until the agent answers `/health`. Also the resident memory of
-the sandbox's VMM process running and while paused.
+the sandbox's VMM process running and while paused, and forks of it (1, then 4) until
+they all run.
 Run: `python -m benchmarks.bench_pause [--cycles N]` from the repository root.
 """
 
@@ -47,6 +48,20 @@ def api_cycle(server: LiveServer, sandbox_id: str) -> tuple[float, float, float]
     return paused, time.perf_counter() - start, rss_paused
 
 
+def fork_seconds(server: LiveServer, sandbox_id: str, count: int) -> float:
+    """`POST /fork` for `count` forks until all of them run; they are killed after."""
+    with server.client() as api:
+        start = time.perf_counter()
+        response = api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": count}, timeout=600)
+        elapsed = time.perf_counter() - start
+        assert response.status_code == 201, response.text
+        children = [r["sandbox"]["sandboxID"] for r in response.json() if "sandbox" in r]
+        assert len(children) == count, response.text
+        for child in children:
+            api.delete(f"/sandboxes/{child}")
+    return elapsed
+
+
 async def raw_cycles(snapshot: Path, cycles: int) -> tuple[list[float], list[float]]:
     pauses, resumes = [], []
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
@@ -76,6 +91,7 @@ def main() -> None:
             pauses.append(paused)
             resumes.append(resumed)
             paused_rss.append(rss_paused)
+        forks = {n: fork_seconds(server, sandbox_id, n) for n in (1, 4)}
         raw_pauses, raw_resumes = asyncio.run(raw_cycles(snapshot, args.cycles))
     doc = {
         "bench": "pause_resume",
@@ -90,6 +106,7 @@ def main() -> None:
         "vmm_rss_mib_paused_max": round(max(paused_rss), 1),
     }
     print(json.dumps(doc))
+    print(json.dumps({"bench": "fork", **{f"fork_{n}_s": round(t, 2) for n, t in forks.items()}}))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from ..proxy.router import SandboxProxy
 from ..runtime.bootsnap import BootSnapshots, Shape
 from ..runtime.manager import SandboxManager, guest_kernel_args
 from ..runtime.recovery import recover
+from ..runtime.sweeper import run_sweeper
 from ..storage.blockd import BlockdClient
 from ..storage.stores import open_object_store
 from ..vmm.accel import choose_accel
@@ -90,7 +91,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
         await recover(manager)
         app.state.manager = manager
         app.state.accelerator = accel
-        sweeper = asyncio.create_task(manager.run_sweeper())
+        sweeper = asyncio.create_task(run_sweeper(manager))
         try:
             yield
         finally:

@@ -7,6 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# The E2B SDK allows 1-20 forks per call.
+MAX_FORKS = 20
+
 
 class _Request(BaseModel):
     # Unknown fields are refused, so a feature we lack is never silently ignored.
@@ -48,6 +51,11 @@ class ConnectBody(_Request):
     timeout: int | None = Field(default=None, ge=0, le=10_000_000)
     # False asks to reboot instead of resuming memory, which is not offered.
     memory: bool = True
+
+
+class ForkBody(_Request):
+    timeout: int | None = Field(default=None, ge=0, le=10_000_000)
+    count: int = Field(default=1, ge=1, le=MAX_FORKS)
 
 
 class Sandbox(BaseModel):

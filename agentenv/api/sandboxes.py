@@ -7,13 +7,13 @@ import base64
 import binascii
 import logging
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import parse_qsl, unquote
 
 from fastapi import APIRouter, Query, Request, Response
 
 from ..control.store import SandboxRecord
-from ..errors import Conflict, InvalidInput
+from ..errors import AenvError, Conflict, InvalidInput
 from ..guest.agent import ENVD_VERSION
 from ..images.pull import default_name
 from ..images.reference import parse_reference
@@ -21,6 +21,7 @@ from ..runtime.lifecycle import PUBLIC_STATE, State
 from ..runtime.manager import CreateRequest, SandboxManager
 from .models import (
     ConnectBody,
+    ForkBody,
     Lifecycle,
     ListedSandbox,
     NewSandbox,
@@ -259,6 +260,25 @@ async def resume_sandbox(
     if record.state != State.PAUSED:
         raise Conflict(f"sandbox '{sandbox_id}' is not paused")
     return (await _connect(request, response, sandbox_id, body))[0]
+
+
+@router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
+async def fork_sandbox(
+    request: Request, sandbox_id: str, body: ForkBody | None = None
+) -> list[dict[str, Any]]:
+    """Checkpoint the sandbox in place and start `count` forks; one result per fork."""
+    body = body or ForkBody()
+    results = await _manager(request).fork(sandbox_id, body.count, body.timeout)
+    domain = _domain(request)
+    out: list[dict[str, Any]] = []
+    for result in results:
+        if isinstance(result, SandboxRecord):
+            out.append({"sandbox": _sandbox(result, domain).model_dump(mode="json")})
+        elif isinstance(result, AenvError):
+            out.append({"error": {"code": result.status, "message": result.message}})
+        else:
+            out.append({"error": {"code": 500, "message": f"fork failed: {result}"}})
+    return out
 
 
 @router.get("/sandboxes/{sandbox_id}/metrics")

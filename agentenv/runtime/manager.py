@@ -8,6 +8,7 @@ import logging
 import secrets
 import shutil
 import string
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +24,7 @@ from ..guest.kit import Kit, guest_args, load_kit
 from ..images.catalog import Template, TemplateCatalog
 from ..net.netns import NetworkPlan, create_network, destroy_network, plan_network
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
-from ..vmm.qemuimg import create_qcow2
+from ..vmm.qemuimg import copy_sparse, create_qcow2
 from .admission import admit
 from .bootsnap import DISK_BYTES, BootSnapshots, Shape, sandbox_vm
 from .cleanup import CleanupStack
@@ -158,38 +159,72 @@ class SandboxManager:
     async def create(self, request: CreateRequest) -> SandboxRecord:
         """Boot a sandbox; on any failure every acquired resource is released again."""
         template = await asyncio.to_thread(self.catalog.resolve, request.template_id)
-        timeout = self._clamp_timeout(request.timeout)
         sandbox = self.cfg.sandbox
-        vcpus = template.vcpus or sandbox.vcpus
-        memory_mb = template.memory_mb or sandbox.memory_mb
+        record = await self._new_record(
+            template_id=template.template_id,
+            alias=template.alias,
+            timeout=self._clamp_timeout(request.timeout),
+            vcpus=template.vcpus or sandbox.vcpus,
+            memory_mb=template.memory_mb or sandbox.memory_mb,
+            metadata=request.metadata,
+            env_vars=request.env_vars,
+            auto_pause=request.auto_pause,
+            allow_internet=request.allow_internet,
+            secure=request.secure,
+        )
+        return await self._bring_up(
+            record, lambda cleanup: self._provision(record, template, cleanup)
+        )
+
+    async def _new_record(
+        self,
+        *,
+        template_id: str,
+        alias: str | None,
+        timeout: int,
+        vcpus: int,
+        memory_mb: int,
+        metadata: dict[str, str],
+        env_vars: dict[str, str],
+        auto_pause: bool,
+        allow_internet: bool,
+        secure: bool,
+    ) -> SandboxRecord:
+        """Admit a sandbox and store its `creating` record with a free network slot."""
+        sandbox = self.cfg.sandbox
         admit(memory_mb, sandbox.min_free_memory_mb, self.cfg.home, sandbox.min_free_disk_mb)
         started = now()
-        cleanup = CleanupStack(f"create sandbox for {request.template_id}")
         async with self._slot_lock:
             used = {r.slot for r in await self.store.list()}
-            slot = next(i for i in range(len(used) + 1) if i not in used)
             record = SandboxRecord(
                 sandbox_id=new_sandbox_id(),
-                template_id=template.template_id,
-                alias=template.alias,
+                template_id=template_id,
+                alias=alias,
                 state=State.CREATING,
                 started_at=started,
                 end_at=started + timedelta(seconds=timeout),
                 vcpus=vcpus,
                 memory_mb=memory_mb,
                 disk_mb=sandbox.disk_size_mb,
-                slot=slot,
-                metadata=request.metadata,
-                env_vars=request.env_vars,
-                auto_pause=request.auto_pause,
-                allow_internet=request.allow_internet,
-                access_token=secrets.token_hex(16) if request.secure else None,
+                slot=next(i for i in range(len(used) + 1) if i not in used),
+                metadata=metadata,
+                env_vars=env_vars,
+                auto_pause=auto_pause,
+                allow_internet=allow_internet,
+                access_token=secrets.token_hex(16) if secure else None,
             )
             await self.store.insert(record)
+        return record
+
+    async def _bring_up(
+        self, record: SandboxRecord, provision: Callable[[CleanupStack], Awaitable[None]]
+    ) -> SandboxRecord:
+        """Run `provision` for a new record; on any failure every acquired resource goes."""
+        cleanup = CleanupStack(f"create sandbox {record.sandbox_id} ({record.template_id})")
         cleanup.push("state record", lambda: self.store.delete(record.sandbox_id))
         try:
             async with self._lock(record.sandbox_id):
-                await self._provision(record, template, cleanup)
+                await provision(cleanup)
                 await self._transition(record, Event.BOOTED)
                 self._routes[record.sandbox_id] = self._route(record)
             cleanup.dismiss()
@@ -437,32 +472,93 @@ class SandboxManager:
     def _snapshot_dir(self, sandbox_id: str) -> Path:
         return self.workdir(sandbox_id) / "snapshot"
 
-    # -- background ------------------------------------------------------------------
+    async def fork(
+        self, sandbox_id: str, count: int, timeout: int | None
+    ) -> list[SandboxRecord | Exception]:
+        """Checkpoint a running sandbox in place (it keeps its id and expiry) and start
+        `count` sandboxes from that one checkpoint; each fork succeeds or fails alone."""
+        checkpoint = self.cfg.home / "forks" / secrets.token_hex(8)
+        async with self._lock(sandbox_id):
+            source = await self.get(sandbox_id)
+            if source.state != State.RUNNING:
+                raise Conflict(f"sandbox {sandbox_id} is {source.state}; only running ones fork")
+            await self._checkpoint(source, checkpoint)
+        try:
+            wanted = self._clamp_timeout(timeout or self.cfg.sandbox.default_timeout)
+            forks = (self._fork_one(source, checkpoint, wanted) for _ in range(count))
+            results = await asyncio.gather(*forks, return_exceptions=True)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, checkpoint, True)
+        for result in results:
+            if not isinstance(result, (SandboxRecord, Exception)):
+                raise result  # a cancellation, not one fork's failure
+        log.info(
+            "sandbox %s forked into %d of %d",
+            sandbox_id,
+            sum(isinstance(r, SandboxRecord) for r in results),
+            count,
+        )
+        return [r for r in results if isinstance(r, (SandboxRecord, Exception))]
 
-    async def sweep_once(self) -> None:
-        """Kill expired sandboxes and forget those whose VM died on its own."""
-        for record in await self.store.list():
-            if record.state != State.RUNNING:
-                continue
-            expired = record.end_at <= now()
-            dead = record.vm is not None and not self.driver.is_alive(VmHandle.from_dict(record.vm))
-            if not (expired or dead):
-                continue
-            if dead:
-                log.warning("sandbox %s: VM exited on its own; removing it", record.sandbox_id)
-            with contextlib.suppress(NotFound, Conflict):
-                if record.auto_pause and not dead:
-                    await self.pause(record.sandbox_id)
-                else:
-                    await self.kill(record.sandbox_id)
+    async def _checkpoint(self, source: SandboxRecord, checkpoint: Path) -> None:
+        """Device state, RAM and disk of `source` at one instant; it runs on afterwards."""
+        assert source.vm is not None
+        handle = VmHandle.from_dict(source.vm)
+        workdir = self.workdir(source.sandbox_id)
+        checkpoint.mkdir(parents=True)
+        try:
+            await self.driver.pause(handle, checkpoint)
+            for name in ("memory", "rootfs.qcow2"):
+                await asyncio.to_thread(copy_sparse, workdir / name, checkpoint / name)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, checkpoint, True)
+            raise
+        finally:
+            await self.driver.resume(handle)
 
-    async def run_sweeper(self, interval: float = 1.0) -> None:
-        while True:
+    async def _fork_one(
+        self, source: SandboxRecord, checkpoint: Path, timeout: int
+    ) -> SandboxRecord:
+        record = await self._new_record(
+            template_id=source.template_id,
+            alias=source.alias,
+            timeout=timeout,
+            vcpus=source.vcpus,
+            memory_mb=source.memory_mb,
+            metadata=dict(source.metadata),
+            env_vars=dict(source.env_vars),
+            auto_pause=source.auto_pause,
+            allow_internet=source.allow_internet,
+            secure=source.access_token is not None,
+        )
+        kit = self._pinned_kit(source)
+
+        async def provision(cleanup: CleanupStack) -> None:
+            workdir = self.workdir(record.sandbox_id)
+            workdir.mkdir(parents=True)
+            cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
+            await asyncio.to_thread(
+                copy_sparse, checkpoint / "rootfs.qcow2", workdir / "rootfs.qcow2"
+            )
+            plan = self.network_plan(record)
+            await create_network(plan, record.allow_internet)
+            cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
             try:
-                await self.sweep_once()
-            except Exception:
-                log.exception("sweeper pass failed")
-            await asyncio.sleep(interval)
+                handle = await self.driver.restore(self._vm_spec(record, kit), checkpoint)
+            except VmmError as exc:
+                raise Unavailable(f"fork could not start: {exc}") from exc
+            cleanup.push("vm", lambda: self.driver.stop(handle))
+            try:
+                await self._await_agent(handle, record, RESTORE_TIMEOUT, poll=0.02)
+            except (TimeoutError, VmmError) as exc:
+                raise Unavailable(f"fork did not come up: {exc}") from exc
+            await self._save_vm(record, handle, kit)
+            # A new clock reading, entropy of its own, and its own access token.
+            await self._agent(record).init({}, record.access_token)
+
+        return await self._bring_up(record, provision)
+
+    # -- recovery --------------------------------------------------------------------
 
     def adopt(self, record: SandboxRecord) -> None:
         """Serve a sandbox whose VM survived a server restart."""

@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 from .driver import VmHandle, VmmError, VmSpec
+from .qemuimg import copy_sparse
 from .qmp import QmpClient
 
 # Unix socket paths must stay under 108 bytes, so control sockets live in a short
@@ -116,26 +117,6 @@ async def _ignore_shared_ram(client: QmpClient) -> None:
         "migrate-set-capabilities",
         {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
     )
-
-
-def copy_sparse(src: Path, dest: Path) -> None:
-    """Copy `src` to `dest` leaving holes as holes (guest RAM files are mostly holes)."""
-    with open(src, "rb") as fin, open(dest, "wb") as fout:
-        size = os.fstat(fin.fileno()).st_size
-        fout.truncate(size)
-        pos = 0
-        while pos < size:
-            try:
-                start = os.lseek(fin.fileno(), pos, os.SEEK_DATA)
-            except OSError:  # ENXIO: only a hole is left
-                break
-            end = os.lseek(fin.fileno(), start, os.SEEK_HOLE)
-            while start < end:
-                copied = os.copy_file_range(fin.fileno(), fout.fileno(), end - start, start, start)
-                if copied == 0:
-                    break
-                start += copied
-            pos = end
 
 
 def _log_tail(workdir: Path) -> str:

@@ -1,8 +1,10 @@
-"""`qemu-img`: creating the qcow2 disks VMs write to."""
+"""The image files VMs use: qcow2 disks (made with `qemu-img`) and sparse copies of
+disks and RAM files."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 from .driver import VmmError
@@ -26,3 +28,23 @@ async def create_qcow2(
         raise VmmError(
             f"qemu-img create {path.name} failed: {err.decode(errors='replace').strip()}"
         )
+
+
+def copy_sparse(src: Path, dest: Path) -> None:
+    """Copy `src` to `dest` leaving holes as holes (guest RAM files are mostly holes)."""
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        fout.truncate(size)
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(fin.fileno(), pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole is left
+                break
+            end = os.lseek(fin.fileno(), start, os.SEEK_HOLE)
+            while start < end:
+                copied = os.copy_file_range(fin.fileno(), fout.fileno(), end - start, start, start)
+                if copied == 0:
+                    break
+                start += copied
+            pos = end

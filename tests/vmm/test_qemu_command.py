@@ -4,7 +4,8 @@ import os
 from pathlib import Path
 
 from agentenv.vmm.driver import DiskSpec, VmSpec
-from agentenv.vmm.qemu import build_command, copy_sparse, host_tsc_khz
+from agentenv.vmm.qemu import build_command, host_tsc_khz
+from agentenv.vmm.qemuimg import copy_sparse
 
 
 def _spec(tmp_path: Path) -> VmSpec:
