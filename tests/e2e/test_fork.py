@@ -68,3 +68,25 @@ def test_only_running_sandboxes_fork(server: LiveServer) -> None:
         assert api.post("/sandboxes/nope/fork", json={}).status_code == 404
         bad = api.post(f"/sandboxes/{sandbox.sandbox_id}/fork", json={"count": 21})
         assert bad.status_code == 400 and "count" in bad.json()["message"]
+
+
+def test_a_secure_sandboxs_forks_get_their_own_tokens(server: LiveServer) -> None:
+    # The SDK no longer sends `secure` (it is deprecated there), so ask the API directly.
+    with server.client(TEST_KEY) as api:
+        parent = api.post("/v2/sandboxes", json={"templateID": "base", "secure": True}).json()
+        results = api.post(f"/sandboxes/{parent['sandboxID']}/fork", json={"count": 1}).json()
+        child = results[0]["sandbox"]
+        try:
+            token = child["envdAccessToken"]
+            assert token and token != parent["envdAccessToken"]
+
+            def envs(sandbox_id: str, token: str) -> int:
+                headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983"}
+                return api.get("/envs", headers=headers | {"X-Access-Token": token}).status_code
+
+            assert envs(child["sandboxID"], token) == 200
+            assert envs(child["sandboxID"], parent["envdAccessToken"]) == 401
+            assert envs(parent["sandboxID"], parent["envdAccessToken"]) == 200
+        finally:
+            for sandbox in (parent, child):
+                api.delete(f"/sandboxes/{sandbox['sandboxID']}")
