@@ -28,7 +28,9 @@ from .rawguest import RawGuest
 
 def first_output(server: LiveServer, sandbox_id: str) -> None:
     message = {"process": {"cmd": "/bin/echo", "args": ["ready"]}, "stdin": False}
-    with EnvdClient(server.url, sandbox_id) as envd:
+    with server.client() as api:
+        token = api.get(f"/sandboxes/{sandbox_id}").json()["envdAccessToken"]
+    with EnvdClient(server.url, sandbox_id, token) as envd:
         for _ in envd.stream("process.Process/Start", message):
             pass
 

@@ -40,8 +40,9 @@ def create_to_first_output(server: LiveServer, template: str = "base") -> tuple[
     if created.status_code != 201:
         raise RuntimeError(f"create failed: {created.status_code} {created.text[:500]}")
     sandbox_id = created.json()["sandboxID"]
+    token = created.json().get("envdAccessToken")
     message = {"process": {"cmd": "/bin/echo", "args": ["ready"]}, "stdin": False}
-    with EnvdClient(server.url, sandbox_id) as envd:
+    with EnvdClient(server.url, sandbox_id, token) as envd:
         for event in envd.stream("process.Process/Start", message):
             data = event.get("event", {}).get("data", {})
             if base64.b64decode(data.get("stdout", "")) == b"ready\n":

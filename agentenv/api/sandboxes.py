@@ -109,7 +109,7 @@ async def _template_for(request: Request, name: str) -> str:
     return record.template_id
 
 
-async def _create(request: Request, body: NewSandbox) -> Sandbox:
+async def _create(request: Request, body: NewSandbox, secure: bool) -> Sandbox:
     cfg = request.app.state.config
     if body.autoResume and body.autoResume.enabled:
         raise InvalidInput("autoResume is not supported yet")
@@ -122,7 +122,7 @@ async def _create(request: Request, body: NewSandbox) -> Sandbox:
             env_vars=body.envVars,
             auto_pause=body.autoPause,
             allow_internet=body.allow_internet_access,
-            secure=body.secure,
+            secure=secure,
         )
     )
     return _sandbox(record, _domain(request))
@@ -130,12 +130,14 @@ async def _create(request: Request, body: NewSandbox) -> Sandbox:
 
 @router.post("/v2/sandboxes", status_code=201, response_model_exclude_none=False)
 async def create_sandbox_v2(request: Request, body: NewSandbox) -> Sandbox:
-    return await _create(request, body)
+    """Always secured, as E2B's v2 create is: SDK 2.51+ no longer sends `secure` at all."""
+    return await _create(request, body, secure=True)
 
 
 @router.post("/sandboxes", status_code=201)
 async def create_sandbox(request: Request, body: NewSandbox) -> Sandbox:
-    return await _create(request, body)
+    """SDKs up to 2.50 send `secure` (true unless asked otherwise)."""
+    return await _create(request, body, secure=body.secure)
 
 
 @router.get("/v2/sandboxes")

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from ..runtime.manager import Route
+from ..runtime.manager import AGENT_PORT, Route
 from .target import BadTarget, Target, find_target
 from .upstream import UpstreamClients
 from .websocket import bridge_websocket
@@ -76,7 +76,11 @@ class SandboxProxy:
         if route is None:
             await _refuse(scope, send, 502, f"The sandbox {target.sandbox_id} was not found")
             return
-        if route.access_token and not _token_ok(scope, headers, route.access_token):
+        if (
+            route.access_token
+            and target.port == AGENT_PORT
+            and not _token_ok(scope, target, headers, route.access_token)
+        ):
             await _refuse(scope, send, 401, "missing or invalid X-Access-Token for this sandbox")
             return
         if scope["type"] == "websocket":
@@ -159,9 +163,13 @@ async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
         await _send_error(send, status, message)
 
 
-def _token_ok(scope: Scope, headers: dict, token: str) -> bool:
+def _token_ok(scope: Scope, target: Target, headers: dict, token: str) -> bool:
+    """The envd access token guards the agent's port only (other ports are the user's own
+    servers, public as on E2B); its health check stays open, as the agent's is."""
     given = headers.get(b"x-access-token", b"")
     if hmac.compare_digest(given, token.encode()):
+        return True
+    if scope.get("method") == "GET" and target.path.split("?", 1)[0] == "/health":
         return True
     # Signed /files URLs carry no header; the agent verifies their signature itself.
     return scope["path"].endswith("/files") and b"signature=" in scope.get("query_string", b"")

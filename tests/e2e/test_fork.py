@@ -12,8 +12,8 @@ pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
 
 # A process that keeps counting: in a fork it must still be running, from where it was.
 TICKER = (
-    "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/ticks; sleep 0.1; done' "
-    ">/dev/null 2>&1 &"
+    "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/t; mv /tmp/t /tmp/ticks; "
+    "sleep 0.1; done' >/dev/null 2>&1 &"
 )
 
 

@@ -90,7 +90,8 @@ def test_access_tokens(server: LiveServer) -> None:
 def test_websocket_bridged(server: LiveServer) -> None:
     sandbox = create(server)
     sid = sandbox["sandboxID"]
-    with httpx.Client(base_url=server.url, headers={"E2b-Sandbox-Id": sid}) as envd:
+    headers = {"E2b-Sandbox-Id": sid, "X-Access-Token": sandbox["envdAccessToken"]}
+    with httpx.Client(base_url=server.url, headers=headers) as envd:
         script = (GUEST_DIR / "ws_echo.py").read_bytes()
         assert envd.post("/files", params={"path": "/tmp/ws_echo.py"}, content=script).is_success
     _serve_in_guest(server, sandbox, "python3 /tmp/ws_echo.py 9000", 9000)
@@ -141,7 +142,11 @@ def test_large_upload_and_download_stream_through(server: LiveServer) -> None:
             peak = max(peak, _rss_kib(server.proc.pid))
             yield chunk
 
-    headers = {"E2b-Sandbox-Id": sid, "Content-Type": "application/octet-stream"}
+    headers = {
+        "E2b-Sandbox-Id": sid,
+        "Content-Type": "application/octet-stream",
+        "X-Access-Token": sandbox["envdAccessToken"],
+    }
     with httpx.Client(base_url=server.url, timeout=600) as envd:
         started = time.monotonic()
         written = envd.post(
