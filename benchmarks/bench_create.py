@@ -27,7 +27,13 @@ from agentenv.images.base import build_base_template
 from tests.live import LiveServer
 from tests.rawvm import RawVm
 
-from .harness import create_to_first_output, live_server, vmm_rss_mib, wait_snapshot
+from .harness import (
+    create_to_first_output,
+    kill_all,
+    live_server,
+    vmm_rss_mib,
+    wait_snapshot,
+)
 from .rawguest import RawGuest
 
 
@@ -83,9 +89,7 @@ def burst(server: LiveServer, count: int) -> dict:
     with ThreadPoolExecutor(count) as pool:
         ids = list(pool.map(create, range(count)))
     elapsed = time.perf_counter() - start
-    with server.client() as api:
-        for sandbox_id in ids:
-            api.delete(f"/sandboxes/{sandbox_id}")
+    kill_all(server, ids)
     return {
         "bench": "create_burst_restored",
         "sandboxes": count,
@@ -102,9 +106,7 @@ def idle_rss(server: LiveServer, count: int, settle_s: float) -> dict:
         ]
     time.sleep(settle_s)
     rss = [vmm_rss_mib(server, sandbox_id) for sandbox_id in ids]
-    with server.client() as api:
-        for sandbox_id in ids:
-            api.delete(f"/sandboxes/{sandbox_id}")
+    kill_all(server, ids)
     return {
         "bench": "idle_sandbox_vmm_rss",
         "sandboxes": count,

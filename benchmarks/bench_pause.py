@@ -22,7 +22,13 @@ from pathlib import Path
 from agentenv.cli.client import EnvdClient
 from tests.live import LiveServer
 
-from .harness import create_to_first_output, live_server, vmm_rss_mib, wait_snapshot
+from .harness import (
+    create_to_first_output,
+    kill_all,
+    live_server,
+    vmm_rss_mib,
+    wait_snapshot,
+)
 from .rawguest import RawGuest
 
 
@@ -57,10 +63,9 @@ def fork_seconds(server: LiveServer, sandbox_id: str, count: int) -> float:
         response = api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": count}, timeout=600)
         elapsed = time.perf_counter() - start
         assert response.status_code == 201, response.text
-        children = [r["sandbox"]["sandboxID"] for r in response.json() if "sandbox" in r]
-        assert len(children) == count, response.text
-        for child in children:
-            api.delete(f"/sandboxes/{child}")
+    children = [r["sandbox"]["sandboxID"] for r in response.json() if "sandbox" in r]
+    assert len(children) == count, response.text
+    kill_all(server, children)
     return elapsed
 
 

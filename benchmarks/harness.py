@@ -72,3 +72,9 @@ def vmm_rss_mib(server: LiveServer, sandbox_id: str) -> float:
         return 0.0
     status = Path(f"/proc/{pid}/status").read_text()
     return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+def kill_all(server: LiveServer, sandbox_ids: list[str]) -> None:
+    with server.client() as api:
+        for sandbox_id in sandbox_ids:
+            api.delete(f"/sandboxes/{sandbox_id}")
