@@ -182,6 +182,16 @@ class ApiClient(_Base):
         response = self._call("POST", path, json=body)
         return response.status_code == 201
 
+    def fork_sandbox(
+        self, sandbox_id: str, count: int, timeout: int | None
+    ) -> list[dict[str, Any]]:
+        """`POST /sandboxes/{id}/fork`: one `{sandbox}` or `{error}` per fork."""
+        body: dict[str, Any] = {"count": count}
+        if timeout is not None:
+            body["timeout"] = timeout
+        path = f"/sandboxes/{quote(sandbox_id, safe='')}/fork"
+        return self._call("POST", path, json=body, timeout=httpx.Timeout(600.0, connect=5.0)).json()
+
     def set_timeout(self, sandbox_id: str, seconds: int) -> None:
         self._call(
             "POST", f"/sandboxes/{quote(sandbox_id, safe='')}/timeout", json={"timeout": seconds}

@@ -198,6 +198,23 @@ def cmd_resume(ctx: Context, args: argparse.Namespace) -> int:
     )
 
 
+def cmd_fork(ctx: Context, args: argparse.Namespace) -> int:
+    """Fork a running sandbox: print each new sandbox's id; exit 1 if any fork failed."""
+    if args.count < 1:
+        raise CliError("--count must be at least 1", 2)
+    with ctx.api() as api:
+        results = api.fork_sandbox(args.id, args.count, args.timeout)
+    failed = False
+    for result in results:
+        if "sandbox" in result:
+            ctx.stdout.write(str(result["sandbox"]["sandboxID"]) + "\n")
+        else:
+            failed = True
+            ctx.warn(f"error: fork failed: {result.get('error', {}).get('message', result)}")
+    ctx.stdout.flush()
+    return 1 if failed else 0
+
+
 def _each(ctx: Context, ids: list[str], action: Callable[[ApiClient, str], object]) -> int:
     """Apply `action` to each sandbox, printing the ids that worked; exit 1 if any failed."""
     failed = False

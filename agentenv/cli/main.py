@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ids", nargs="+", metavar="ID")
     p.add_argument("--timeout", type=int, metavar="SECONDS", help="lifetime from now")
 
+    p = _add(sub, "fork", commands.cmd_fork, "fork a running sandbox; print the new ids")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--count", type=int, default=1, help="how many forks (1-20, default 1)")
+    p.add_argument("--timeout", type=int, metavar="SECONDS", help="the forks' lifetime")
+
     p = _add(sub, "timeout", commands.cmd_timeout, "set a sandbox to expire SECONDS from now")
     p.add_argument("id", metavar="ID")
     p.add_argument("seconds", type=int, metavar="SECONDS")

@@ -119,6 +119,19 @@ def test_pause_then_resume(sandbox: str) -> None:
     assert aenv("exec", sandbox, "--", "cat /tmp/aenv-cli-pause").stdout == b"before\n"
 
 
+def test_fork_prints_the_new_ids(sandbox: str) -> None:
+    aenv("exec", sandbox, "--", "echo from-parent > /tmp/aenv-cli-fork")
+    children = aenv("fork", sandbox, "--count", "2", "--timeout", "120").stdout.decode().split()
+    try:
+        assert len(children) == 2 and sandbox not in children
+        for child in children:
+            assert aenv("exec", child, "--", "cat /tmp/aenv-cli-fork").stdout == b"from-parent\n"
+    finally:
+        aenv("rm", *children, check=False)
+    bad = aenv("fork", sandbox, "--count", "0", check=False)
+    assert bad.returncode == 2
+
+
 def test_rm_then_missing(tag: str) -> None:
     meta = f"clitest={tag}-rm"
     proc = aenv("start", TEMPLATE, "--detach", "--timeout", "120", "--metadata", meta)
