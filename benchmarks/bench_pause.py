@@ -19,26 +19,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentenv.cli.client import EnvdClient
 from tests.live import LiveServer
 
 from .harness import (
     create_to_first_output,
+    echo_ready,
     kill_all,
     live_server,
     vmm_rss_mib,
     wait_snapshot,
 )
 from .rawguest import RawGuest
-
-
-def first_output(server: LiveServer, sandbox_id: str) -> None:
-    message = {"process": {"cmd": "/bin/echo", "args": ["ready"]}, "stdin": False}
-    with server.client() as api:
-        token = api.get(f"/sandboxes/{sandbox_id}").json()["envdAccessToken"]
-    with EnvdClient(server.url, sandbox_id, token) as envd:
-        for _ in envd.stream("process.Process/Start", message):
-            pass
 
 
 def api_cycle(server: LiveServer, sandbox_id: str) -> tuple[float, float, float]:
@@ -52,7 +43,7 @@ def api_cycle(server: LiveServer, sandbox_id: str) -> tuple[float, float, float]
         start = time.perf_counter()
         response = api.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 300})
         assert response.status_code == 201, response.text
-    first_output(server, sandbox_id)
+    echo_ready(server, sandbox_id, response.json()["envdAccessToken"])
     return paused, time.perf_counter() - start, rss_paused
 
 

@@ -11,10 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from agentenv.cli.client import EnvdClient
-from agentenv.config import load_config
-from agentenv.guest.kit import load_kit
-from agentenv.runtime.bootsnap import complete_snapshots
-from tests.live import LiveServer, vmm_pid
+from tests.live import LiveServer, boot_snapshot, vmm_pid
 
 
 @contextmanager
@@ -40,29 +37,29 @@ def create_to_first_output(server: LiveServer, template: str = "base") -> tuple[
     if created.status_code != 201:
         raise RuntimeError(f"create failed: {created.status_code} {created.text[:500]}")
     sandbox_id = created.json()["sandboxID"]
-    token = created.json().get("envdAccessToken")
+    echo_ready(server, sandbox_id, created.json().get("envdAccessToken"))
+    return time.perf_counter() - start, sandbox_id
+
+
+def echo_ready(server: LiveServer, sandbox_id: str, token: str | None) -> None:
+    """Run `echo ready` in the sandbox through the proxy until its output arrives."""
     message = {"process": {"cmd": "/bin/echo", "args": ["ready"]}, "stdin": False}
     with EnvdClient(server.url, sandbox_id, token) as envd:
         for event in envd.stream("process.Process/Start", message):
             data = event.get("event", {}).get("data", {})
             if base64.b64decode(data.get("stdout", "")) == b"ready\n":
-                break
-    return time.perf_counter() - start, sandbox_id
+                return
+    raise RuntimeError(f"sandbox {sandbox_id}: `echo ready` printed nothing")
 
 
 def wait_snapshot(server: LiveServer, memory_mb: int = 256, timeout: float = 300) -> Path:
     """The server's boot snapshot directory, once it is complete."""
-    cfg = load_config(env=server.env)
-    kit = load_kit(cfg)
-    assert kit is not None
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = complete_snapshots(cfg.kit_dir / "boot-snapshots", kit.version)
-        for path, meta in found.items():
-            if meta["memory_mb"] == memory_mb:
-                return path
+    while (path := boot_snapshot(server, memory_mb)) is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError("no boot snapshot within the timeout")
         time.sleep(0.5)
-    raise RuntimeError("no boot snapshot within the timeout")
+    return path
 
 
 def vmm_rss_mib(server: LiveServer, sandbox_id: str) -> float:

@@ -9,12 +9,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from agentenv.config import load_config
+from agentenv.guest.kit import load_kit
+from agentenv.runtime.bootsnap import complete_snapshots
 from agentenv.storage.blockd import BlockdClient
 
 TEST_KEY = "e2b_" + "5" * 40
@@ -150,14 +153,7 @@ class HostResources:
     @classmethod
     def measure(cls, home: Path, prefix: str) -> HostResources:
         sandboxes = home / "sandboxes"
-        vmms = 0
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if str(sandboxes).encode() in (entry / "cmdline").read_bytes():
-                        vmms += 1
-                except OSError:
-                    pass
+        vmms = sum(1 for _ in _pids_mentioning(str(sandboxes)))
         netns = Path("/run/netns")
         namespaces = (
             sum(1 for p in netns.iterdir() if p.name.startswith(prefix + "-"))
@@ -176,17 +172,30 @@ class HostResources:
         return cls(vmms, namespaces, links, workdirs, mounts)
 
 
-def vmm_pid(server: LiveServer, sandbox_id: str) -> int | None:
-    """The pid of the sandbox's VMM process (its work directory is in the command line)."""
-    workdir = str(server.home / "sandboxes" / sandbox_id).encode()
+def _pids_mentioning(text: str) -> Iterator[int]:
+    """Processes whose command line contains `text` (a VMM names its work directory)."""
+    needle = text.encode()
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if workdir in (proc / "cmdline").read_bytes():
-                    return int(proc.name)
+                if needle in (proc / "cmdline").read_bytes():
+                    yield int(proc.name)
             except OSError:
                 pass
-    return None
+
+
+def vmm_pid(server: LiveServer, sandbox_id: str) -> int | None:
+    """The pid of the sandbox's VMM process, if it has one."""
+    return next(_pids_mentioning(str(server.home / "sandboxes" / sandbox_id)), None)
+
+
+def boot_snapshot(server: LiveServer, memory_mb: int) -> Path | None:
+    """The server's complete boot snapshot for guests of `memory_mb`, if there is one."""
+    cfg = load_config(env=server.env)
+    kit = load_kit(cfg)
+    assert kit is not None
+    found = complete_snapshots(cfg.kit_dir / "boot-snapshots", kit.version)
+    return next((path for path, meta in found.items() if meta["memory_mb"] == memory_mb), None)
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.5) -> bool:

@@ -244,18 +244,19 @@ async def _pull(
         record = await asyncio.to_thread(
             _pull_with, request.app.state.config, puller, image, credentials, build, progress
         )
-    await _save_sized(request, build, record)
+    sized = _sized(build, record)
+    if sized != record:  # the puller saved the record already; only a size changes it
+        await asyncio.to_thread(_catalog(request).templates.save, sized)
     build.succeed(f"template {record.template_id} ready: {record.source} ({record.digest})")
 
 
-async def _save_sized(request: Request, build: Build, record: TemplateRecord) -> None:
-    """Save `record` with the sandbox size the build asked for (else the one it has)."""
-    sized = dataclasses.replace(
+def _sized(build: Build, record: TemplateRecord) -> TemplateRecord:
+    """`record` with the sandbox size the build asked for (else the one it has)."""
+    return dataclasses.replace(
         record,
         vcpus=build.vcpus or record.vcpus,
         memory_mb=build.memory_mb or record.memory_mb,
     )
-    await asyncio.to_thread(_catalog(request).templates.save, sized)
 
 
 def _pull_with(
@@ -290,7 +291,7 @@ async def _copy(request: Request, build: Build, parent: str) -> None:
     copied = dataclasses.replace(
         record, template_id=build.template_id, created_at=datetime.now(UTC).isoformat()
     )
-    await _save_sized(request, build, copied)
+    await asyncio.to_thread(templates.save, _sized(build, copied))
     build.succeed(f"template {build.template_id} ready: a copy of {parent}")
 
 

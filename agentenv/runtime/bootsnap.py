@@ -43,15 +43,18 @@ class Shape:
     memory_mb: int
 
 
-def complete_snapshots(root: Path, kit_version: str) -> dict[Path, dict]:
-    """The finished snapshots of one kit under `root`, with their `meta.json`."""
+def _finished(root: Path) -> dict[Path, dict]:
+    """Every finished snapshot under `root`, with its `meta.json`."""
     found = {}
     for meta in sorted(root.glob("*/meta.json")):
         with contextlib.suppress(OSError, ValueError):
-            doc = json.loads(meta.read_text())
-            if doc.get("kit") == kit_version:
-                found[meta.parent] = doc
+            found[meta.parent] = json.loads(meta.read_text())
     return found
+
+
+def complete_snapshots(root: Path, kit_version: str) -> dict[Path, dict]:
+    """The finished snapshots of one kit under `root`, with their `meta.json`."""
+    return {path: m for path, m in _finished(root).items() if m.get("kit") == kit_version}
 
 
 def sandbox_vm(
@@ -189,13 +192,9 @@ class BootSnapshots:
 
     def _prune(self, keep: str) -> None:
         """Remove snapshots of other kits: they can never be restored again."""
-        for path in self.root.iterdir():
-            if not path.is_dir() or path.name == keep or path.name.endswith(".building"):
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                meta = json.loads((path / "meta.json").read_text())
-                if meta.get("kit") != self.kit.version:
-                    shutil.rmtree(path, ignore_errors=True)
+        for path, meta in _finished(self.root).items():
+            if path.name != keep and meta.get("kit") != self.kit.version:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _netns(key: str) -> str:

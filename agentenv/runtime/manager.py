@@ -238,10 +238,7 @@ class SandboxManager:
     async def _provision(
         self, record: SandboxRecord, template: Template, cleanup: CleanupStack
     ) -> None:
-        workdir = self.workdir(record.sandbox_id)
-        workdir.mkdir(parents=True)
-        cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
-        overlay = workdir / "rootfs.qcow2"
+        overlay = self._make_workdir(record, cleanup) / "rootfs.qcow2"
         # Every disk gets the boot snapshots' size when its image fits (the guest sees it).
         size = DISK_BYTES if _disk_size(template) <= DISK_BYTES else None
         try:
@@ -250,9 +247,7 @@ class SandboxManager:
             )
         except VmmError as exc:
             raise Unavailable(str(exc)) from exc
-        plan = self.network_plan(record)
-        await create_network(plan, record.allow_internet)
-        cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
+        await self._make_network(record, cleanup)
         spec = self._vm_spec(record, self.kit)
         handle = await self._start_vm(spec, record, restorable=size is not None)
         cleanup.push("vm", lambda: self.driver.stop(handle))
@@ -270,6 +265,17 @@ class SandboxManager:
             except httpx.HTTPError as exc:
                 # The sandbox is usable without it; the image's command is a convenience.
                 log.warning("sandbox %s: image command failed to start: %s", record.sandbox_id, exc)
+
+    def _make_workdir(self, record: SandboxRecord, cleanup: CleanupStack) -> Path:
+        workdir = self.workdir(record.sandbox_id)
+        workdir.mkdir(parents=True)
+        cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
+        return workdir
+
+    async def _make_network(self, record: SandboxRecord, cleanup: CleanupStack) -> None:
+        plan = self.network_plan(record)
+        await create_network(plan, record.allow_internet)
+        cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
 
     def _vm_spec(self, record: SandboxRecord, kit: Kit) -> VmSpec:
         return sandbox_vm(
@@ -306,22 +312,22 @@ class SandboxManager:
             snapshots.request(shape)
             return await self._boot(spec, record)
         try:
-            handle = await self.driver.restore(spec, snapshot)
-        except VmmError as exc:
+            return await self._restored(spec, record, snapshot)
+        except (VmmError, TimeoutError) as exc:
             log.warning("restore of %s failed, booting instead: %s", spec.name, exc)
             snapshots.discard(shape)
-            return await self._boot_fresh(spec, record)
+        return await self._boot_fresh(spec, record)
+
+    async def _restored(self, spec: VmSpec, record: SandboxRecord, saved: Path) -> VmHandle:
+        """`spec` restored from the state in `saved`, its agent answering; on any failure
+        (VmmError, TimeoutError) the VM is stopped again."""
+        handle = await self.driver.restore(spec, saved)
         try:
             await self._await_agent(handle, record, RESTORE_TIMEOUT, poll=0.02)
-            return handle
-        except (TimeoutError, VmmError) as exc:
-            log.warning("%s restored but unhealthy (%s); booting instead", spec.name, exc)
-            snapshots.discard(shape)
         except BaseException:
             await self.driver.stop(handle)
             raise
-        await self.driver.stop(handle)
-        return await self._boot_fresh(spec, record)
+        return handle
 
     async def _await_agent(
         self, handle: VmHandle, record: SandboxRecord, timeout: float, poll: float
@@ -454,19 +460,15 @@ class SandboxManager:
         kit = self._pinned_kit(record)
         spec = self._vm_spec(record, kit)
         try:
-            handle = await self.driver.restore(spec, self._snapshot_dir(record.sandbox_id))
-        except VmmError as exc:
+            handle = await self._restored(spec, record, self._snapshot_dir(record.sandbox_id))
+            try:
+                # The guest's clock stood still while it was paused; /init sets it again.
+                await self._agent(record).init({}, record.access_token)
+            except BaseException:
+                await self.driver.stop(handle)
+                raise
+        except (VmmError, TimeoutError, httpx.HTTPError) as exc:
             raise Unavailable(f"sandbox {record.sandbox_id} could not be resumed: {exc}") from exc
-        try:
-            await self._await_agent(handle, record, RESTORE_TIMEOUT, poll=0.02)
-            # The guest's clock stood still while it was paused; /init sets it again.
-            await self._agent(record).init({}, record.access_token)
-        except (TimeoutError, VmmError, httpx.HTTPError) as exc:
-            await self.driver.stop(handle)
-            raise Unavailable(f"sandbox {record.sandbox_id} did not come back: {exc}") from exc
-        except BaseException:
-            await self.driver.stop(handle)
-            raise
         await self._save_vm(record, handle, kit)
 
     def _snapshot_dir(self, sandbox_id: str) -> Path:
@@ -484,21 +486,21 @@ class SandboxManager:
                 raise Conflict(f"sandbox {sandbox_id} is {source.state}; only running ones fork")
             await self._checkpoint(source, checkpoint)
         try:
-            wanted = self._clamp_timeout(timeout or self.cfg.sandbox.default_timeout)
+            if timeout is None:
+                timeout = self.cfg.sandbox.default_timeout
+            wanted = self._clamp_timeout(timeout)
             forks = (self._fork_one(source, checkpoint, wanted) for _ in range(count))
             results = await asyncio.gather(*forks, return_exceptions=True)
         finally:
             await asyncio.to_thread(shutil.rmtree, checkpoint, True)
+        outcomes: list[SandboxRecord | Exception] = []
         for result in results:
             if not isinstance(result, (SandboxRecord, Exception)):
                 raise result  # a cancellation, not one fork's failure
-        log.info(
-            "sandbox %s forked into %d of %d",
-            sandbox_id,
-            sum(isinstance(r, SandboxRecord) for r in results),
-            count,
-        )
-        return [r for r in results if isinstance(r, (SandboxRecord, Exception))]
+            outcomes.append(result)
+        started = sum(isinstance(r, SandboxRecord) for r in outcomes)
+        log.info("sandbox %s forked into %d of %d", sandbox_id, started, count)
+        return outcomes
 
     async def _checkpoint(self, source: SandboxRecord, checkpoint: Path) -> None:
         """Device state, RAM and disk of `source` at one instant; it runs on afterwards."""
@@ -534,24 +536,16 @@ class SandboxManager:
         kit = self._pinned_kit(source)
 
         async def provision(cleanup: CleanupStack) -> None:
-            workdir = self.workdir(record.sandbox_id)
-            workdir.mkdir(parents=True)
-            cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
+            workdir = self._make_workdir(record, cleanup)
             await asyncio.to_thread(
                 copy_sparse, checkpoint / "rootfs.qcow2", workdir / "rootfs.qcow2"
             )
-            plan = self.network_plan(record)
-            await create_network(plan, record.allow_internet)
-            cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
+            await self._make_network(record, cleanup)
             try:
-                handle = await self.driver.restore(self._vm_spec(record, kit), checkpoint)
-            except VmmError as exc:
+                handle = await self._restored(self._vm_spec(record, kit), record, checkpoint)
+            except (VmmError, TimeoutError) as exc:
                 raise Unavailable(f"fork could not start: {exc}") from exc
             cleanup.push("vm", lambda: self.driver.stop(handle))
-            try:
-                await self._await_agent(handle, record, RESTORE_TIMEOUT, poll=0.02)
-            except (TimeoutError, VmmError) as exc:
-                raise Unavailable(f"fork did not come up: {exc}") from exc
             await self._save_vm(record, handle, kit)
             # A new clock reading, entropy of its own, and its own access token.
             await self._agent(record).init({}, record.access_token)

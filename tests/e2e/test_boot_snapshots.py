@@ -7,23 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.config import load_config
-from agentenv.guest.kit import load_kit
-from agentenv.runtime.bootsnap import complete_snapshots
-
-from ..live import HostResources, LiveServer, wait_for
+from ..live import HostResources, LiveServer, boot_snapshot, wait_for
 from .test_sandbox_lifecycle import create, kill, run
 
 pytestmark = pytest.mark.vm
-
-
-def snapshot_dir(server: LiveServer, memory_mb: int) -> Path | None:
-    """The complete boot snapshot for this server's kit and `memory_mb`, if there is one."""
-    cfg = load_config(env=server.env)
-    kit = load_kit(cfg)
-    assert kit is not None
-    found = complete_snapshots(cfg.kit_dir / "boot-snapshots", kit.version)
-    return next((path for path, m in found.items() if m["memory_mb"] == memory_mb), None)
 
 
 def console(server: LiveServer, sandbox_id: str) -> str:
@@ -36,7 +23,7 @@ def restored(server: LiveServer, sandbox_id: str) -> bool:
 
 
 def test_restored_sandboxes_work_and_diverge(server: LiveServer) -> None:
-    assert wait_for(lambda: snapshot_dir(server, 256) is not None, 180)
+    assert wait_for(lambda: boot_snapshot(server, 256) is not None, 180)
     first, second = create(server), create(server)
     try:
         for sandbox in (first, second):
@@ -62,8 +49,8 @@ def test_broken_snapshot_falls_back_to_boot_and_is_rebuilt(fresh_server: LiveSer
     # A VM shape of its own, so the shared snapshot other tests use is left alone.
     fresh_server.extra_env["AENV_SANDBOX_MEMORY_MB"] = "288"
     fresh_server.start()
-    assert wait_for(lambda: snapshot_dir(fresh_server, 288) is not None, 180)
-    broken = snapshot_dir(fresh_server, 288)
+    assert wait_for(lambda: boot_snapshot(fresh_server, 288) is not None, 180)
+    broken = boot_snapshot(fresh_server, 288)
     assert broken is not None
     (broken / "vmstate").write_bytes(b"not a migration stream")
     before = HostResources.measure(fresh_server.home, fresh_server.prefix)
@@ -77,7 +64,7 @@ def test_broken_snapshot_falls_back_to_boot_and_is_rebuilt(fresh_server: LiveSer
     # The next create asks for the snapshot again; it is rebuilt and then used.
     second = create(fresh_server)
     kill(fresh_server, second["sandboxID"])
-    assert wait_for(lambda: snapshot_dir(fresh_server, 288) is not None, 180)
+    assert wait_for(lambda: boot_snapshot(fresh_server, 288) is not None, 180)
     third = create(fresh_server)
     try:
         assert restored(fresh_server, third["sandboxID"])
