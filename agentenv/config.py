@@ -46,6 +46,11 @@ class SandboxConfig:
     # Host memory/disk kept free; creation answers 503 below these.
     min_free_memory_mb: int = 512
     min_free_disk_mb: int = 1024
+    # Sandboxes' configured memory (disk) may sum to host memory (disk) times this.
+    memory_overcommit: float = 1.0
+    disk_overcommit: float = 1.0
+    # vCPUs one sandbox may have; 0 means the host's CPU count.
+    max_vcpus: int = 0
 
 
 @dataclass

@@ -19,6 +19,7 @@ from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
 from agentenv.runtime.bootsnap import complete_snapshots
 from agentenv.storage.blockd import BlockdClient
+from agentenv.vmm.qemu import run_dir_for
 
 TEST_KEY = "e2b_" + "5" * 40
 AENV = str(Path(sys.executable).with_name("aenv"))
@@ -149,6 +150,8 @@ class HostResources:
     links: int
     workdirs: int
     mounts: int
+    sockets: int
+    checkpoints: int
 
     @classmethod
     def measure(cls, home: Path, prefix: str) -> HostResources:
@@ -169,7 +172,12 @@ class HostResources:
             for line in Path("/proc/mounts").read_text().splitlines()
             if str(home) in line and daemon_mount not in line
         )
-        return cls(vmms, namespaces, links, workdirs, mounts)
+        run_dir = run_dir_for(home)
+        # Sandbox VMs' control sockets (a boot snapshot's VM has one too while it builds).
+        sockets = sum(1 for _ in run_dir.glob("aenv-i*.qmp")) if run_dir.exists() else 0
+        forks = home / "forks"
+        checkpoints = sum(1 for _ in forks.iterdir()) if forks.exists() else 0
+        return cls(vmms, namespaces, links, workdirs, mounts, sockets, checkpoints)
 
 
 def _pids_mentioning(text: str) -> Iterator[int]:

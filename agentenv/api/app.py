@@ -28,7 +28,7 @@ from ..runtime.sweeper import run_sweeper
 from ..storage.blockd import BlockdClient
 from ..storage.stores import open_object_store
 from ..vmm.accel import choose_accel
-from ..vmm.qemu import QemuDriver
+from ..vmm.qemu import QemuDriver, run_dir_for
 from . import builds, sandboxes, templates
 from .auth import ApiKeyAuth, load_or_create_api_key
 from .errors import install_error_handlers
@@ -74,7 +74,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
             cfg.sandbox.disk_size_mb * 2**20,
         )
         store = SqliteSandboxStore(cfg.state_db)
-        driver = QemuDriver(cfg.vmm.qemu_binary, accel.name)
+        driver = QemuDriver(cfg.vmm.qemu_binary, accel.name, run_dir_for(cfg.home))
         snapshots = None
         if cfg.sandbox.boot_snapshots:
             snapshots = BootSnapshots(

@@ -13,11 +13,11 @@ from urllib.parse import parse_qsl, unquote
 from fastapi import APIRouter, Query, Request, Response
 
 from ..control.store import SandboxRecord
-from ..errors import AenvError, Conflict, InvalidInput
+from ..errors import AenvError, InvalidInput
 from ..guest.agent import ENVD_VERSION
 from ..images.pull import default_name
 from ..images.reference import parse_reference
-from ..runtime.lifecycle import PUBLIC_STATE, State
+from ..runtime.lifecycle import PUBLIC_STATE
 from ..runtime.manager import CreateRequest, SandboxManager
 from .models import (
     ConnectBody,
@@ -71,7 +71,7 @@ def _listed_fields(record: SandboxRecord) -> dict:
         "memoryMB": record.memory_mb,
         "diskSizeMB": record.disk_mb,
         "metadata": record.metadata,
-        "state": PUBLIC_STATE[State(record.state)],
+        "state": PUBLIC_STATE[record.state],
         "envdVersion": ENVD_VERSION,
     }
 
@@ -157,7 +157,7 @@ async def list_sandboxes_v2(
     records = [
         r
         for r in await _manager(request).list()
-        if (not wanted_states or PUBLIC_STATE[State(r.state)] in wanted_states)
+        if (not wanted_states or PUBLIC_STATE[r.state] in wanted_states)
         and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
     ]
     records.sort(key=lambda r: (r.started_at, r.sandbox_id), reverse=order == "desc")
@@ -180,7 +180,7 @@ async def list_sandboxes_v1(request: Request, metadata: str | None = None) -> li
     return [
         ListedSandbox(**_listed_fields(r))
         for r in await _manager(request).list()
-        if PUBLIC_STATE[State(r.state)] == "running"
+        if PUBLIC_STATE[r.state] == "running"
         and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
     ]
 
@@ -225,15 +225,18 @@ async def pause_sandbox(
     return Response(status_code=204)
 
 
-async def _connect(
-    request: Request, response: Response, sandbox_id: str, body: ConnectBody | None
-) -> tuple[Sandbox, bool]:
+def _resume_timeout(request: Request, body: ConnectBody | None) -> int:
     body = body or ConnectBody()
     if not body.memory:
         raise InvalidInput("resuming by reboot (memory=false) is not supported")
     cfg = request.app.state.config
-    timeout = cfg.sandbox.default_timeout if body.timeout is None else body.timeout
-    record, resumed = await _manager(request).connect(sandbox_id, timeout)
+    return cfg.sandbox.default_timeout if body.timeout is None else body.timeout
+
+
+async def _connect(
+    request: Request, response: Response, sandbox_id: str, body: ConnectBody | None
+) -> tuple[Sandbox, bool]:
+    record, resumed = await _manager(request).connect(sandbox_id, _resume_timeout(request, body))
     response.status_code = 201 if resumed else 200
     return _sandbox(record, _domain(request)), resumed
 
@@ -255,13 +258,11 @@ async def connect_sandbox(
 
 @router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
 async def resume_sandbox(
-    request: Request, response: Response, sandbox_id: str, body: ConnectBody | None = None
+    request: Request, sandbox_id: str, body: ConnectBody | None = None
 ) -> Sandbox:
     """SDK 2.0-2.5: resume a paused sandbox; a running one is a 409."""
-    record = await _manager(request).get(sandbox_id)
-    if record.state != State.PAUSED:
-        raise Conflict(f"sandbox '{sandbox_id}' is not paused")
-    return (await _connect(request, response, sandbox_id, body))[0]
+    record = await _manager(request).resume(sandbox_id, _resume_timeout(request, body))
+    return _sandbox(record, _domain(request))
 
 
 @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)

@@ -11,14 +11,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..runtime.lifecycle import State
+
 
 @dataclass
 class SandboxRecord:
-    """One sandbox as persisted; `vm` is the driver's handle, `state` a lifecycle state."""
+    """One sandbox as persisted; `vm` is the driver's handle."""
 
     sandbox_id: str
     template_id: str
-    state: str
+    state: State
     started_at: datetime
     end_at: datetime
     vcpus: int
@@ -73,6 +75,7 @@ def _from_row(row: sqlite3.Row) -> SandboxRecord:
         values[name] = datetime.fromisoformat(values[name])
     for name in _BOOL_FIELDS:
         values[name] = bool(values[name])
+    values["state"] = State(values["state"])
     return SandboxRecord(**values)
 
 

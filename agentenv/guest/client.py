@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from .agent import init_secret
 from .rpc import EnvelopeDecoder, encode_envelope
 
 
@@ -17,11 +18,17 @@ class AgentClient:
     """Talks to one guest agent at `base_url` (reached through the sandbox's namespace)."""
 
     def __init__(
-        self, base_url: str, access_token: str | None = None, timeout: float = 5.0
+        self,
+        base_url: str,
+        access_token: str | None = None,
+        timeout: float = 5.0,
+        *,
+        init_secret: str | None = None,
     ) -> None:
         self._base_url = base_url
         self._headers = {"X-Access-Token": access_token} if access_token else {}
         self._timeout = timeout
+        self._init_secret = init_secret
 
     async def healthy(self) -> bool:
         """One `GET /health` over a bare connection (polled during boot: a refused or reset
@@ -60,8 +67,9 @@ class AgentClient:
             body["defaultUser"] = user
         if workdir:
             body["defaultWorkdir"] = workdir
+        headers = {init_secret.HEADER: self._init_secret or ""}
         async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
-            response = await client.post("/init", json=body)
+            response = await client.post("/init", json=body, headers=headers)
             response.raise_for_status()
 
     async def metrics(self) -> dict[str, Any]:

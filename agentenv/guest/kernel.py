@@ -13,7 +13,15 @@ from agentenv.config import Config
 from agentenv.guest.buildutil import KitBuildError, Progress, run, step
 
 # Modules the initramfs needs; their dependencies are added from modules.dep.
-WANTED_MODULES = ("virtio_mmio", "virtio_blk", "virtio_net", "virtio_balloon", "virtio_rng")
+# qemu_fw_cfg carries the host's /init secret, out of band of the sandbox's network.
+WANTED_MODULES = (
+    "virtio_mmio",
+    "virtio_blk",
+    "virtio_net",
+    "virtio_balloon",
+    "virtio_rng",
+    "qemu_fw_cfg",
+)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..guest.agent import init_secret
 from ..guest.kit import Kit
 from ..net.netns import TAP_NAME, create_detached_tap, destroy_network
 from ..vmm.driver import DiskSpec, VmmDriver, VmmError, VmSpec
@@ -32,7 +33,9 @@ DISK_BYTES = 64 * 2**30
 # The agent's log line once it serves requests (it reaches the serial console).
 AGENT_READY = b"aenv agent listening"
 # Bump when what a snapshot holds changes in a way the key does not capture.
-FORMAT = 1
+FORMAT = 2
+# In a VM's workdir: the host's /init secret, which the guest reads through its VMM.
+INIT_SECRET_FILE = "init-secret"
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,25 @@ def sandbox_vm(
         kernel_args=kernel_args,
         netns=netns,
         tap=TAP_NAME,
+        guest_files=((init_secret.FW_CFG_NAME, workdir / INIT_SECRET_FILE),),
     )
+
+
+def write_init_secret(workdir: Path) -> str:
+    """A new secret for the VM of `workdir`, readable by root alone."""
+    secret = init_secret.new_secret()
+    path = workdir / INIT_SECRET_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secret)
+    return secret
+
+
+def read_init_secret(workdir: Path) -> str | None:
+    try:
+        return (workdir / INIT_SECRET_FILE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 class BootSnapshots:
@@ -162,6 +183,8 @@ class BootSnapshots:
         work.mkdir(parents=True)
         placeholder = work / "placeholder.qcow2"
         await create_qcow2(placeholder, DISK_BYTES)
+        # Never used: each restored sandbox's VMM brings its own secret of the same length.
+        write_init_secret(work)
         # The snapshot VM's tap sits in a namespace of its own, connected to nothing.
         netns = _netns(key)
         name = f"aenv-bootsnap-{key[:12]}"

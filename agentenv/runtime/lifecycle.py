@@ -1,4 +1,9 @@
-"""Sandbox lifecycle: every state and every allowed transition, in one table."""
+"""Sandbox lifecycle: every state and every allowed transition, in one table.
+
+Each multi-step operation (create, pause, resume, checkpoint for a fork, kill) has a
+transient state of its own. It ends with DONE or FAILED, so a crash leaves the state that
+names the unfinished step, and recovery (`runtime/recovery.py`) has one rule per state.
+"""
 
 from __future__ import annotations
 
@@ -13,32 +18,49 @@ class State(StrEnum):
     PAUSING = "pausing"
     PAUSED = "paused"
     RESUMING = "resuming"
+    # Frozen for a fork's copy of its memory and disk; it runs on afterwards.
+    CHECKPOINTING = "checkpointing"
     KILLING = "killing"
 
 
 class Event(StrEnum):
-    BOOTED = "booted"
-    KILL = "kill"
     PAUSE = "pause"
-    PAUSED = "paused"
     RESUME = "resume"
-    RESUMED = "resumed"
+    CHECKPOINT = "checkpoint"
+    KILL = "kill"
+    # The operation of the current transient state finished, or failed and was undone.
+    DONE = "done"
     FAILED = "failed"
+    # A resume failed after the restored guest ran: its saved state no longer matches.
+    LOST = "lost"
 
 
 # (state, event) -> next state. Anything absent is refused with `TransitionError`.
 TRANSITIONS: dict[tuple[State, Event], State] = {
-    (State.CREATING, Event.BOOTED): State.RUNNING,
+    (State.CREATING, Event.DONE): State.RUNNING,
     (State.CREATING, Event.FAILED): State.KILLING,
-    (State.RUNNING, Event.KILL): State.KILLING,
     (State.RUNNING, Event.PAUSE): State.PAUSING,
-    (State.PAUSING, Event.PAUSED): State.PAUSED,
+    (State.RUNNING, Event.CHECKPOINT): State.CHECKPOINTING,
+    (State.PAUSING, Event.DONE): State.PAUSED,
     (State.PAUSING, Event.FAILED): State.RUNNING,
     (State.PAUSED, Event.RESUME): State.RESUMING,
-    (State.PAUSED, Event.KILL): State.KILLING,
-    (State.RESUMING, Event.RESUMED): State.RUNNING,
+    (State.RESUMING, Event.DONE): State.RUNNING,
     (State.RESUMING, Event.FAILED): State.PAUSED,
+    (State.RESUMING, Event.LOST): State.KILLING,
+    (State.CHECKPOINTING, Event.DONE): State.RUNNING,
+    (State.CHECKPOINTING, Event.FAILED): State.RUNNING,
+    # Kill is always possible, from a stuck transient state too; killing again retries.
+    **{(state, Event.KILL): State.KILLING for state in State},
 }
+
+# Transient states: an operation is under way (or was, when the server died).
+TRANSIENT = frozenset({State.CREATING, State.PAUSING, State.RESUMING, State.CHECKPOINTING})
+
+# States whose VM holds host memory (admission counts them); paused ones hold disk only.
+HOLDS_MEMORY = frozenset(set(State) - {State.PAUSED, State.KILLING})
+
+# Sandboxes that expire: a paused one waits to be resumed or deleted.
+EXPIRES = frozenset({State.RUNNING})
 
 # States the E2B API shows; transient ones are reported as the state they come from.
 PUBLIC_STATE: dict[State, str] = {
@@ -47,6 +69,7 @@ PUBLIC_STATE: dict[State, str] = {
     State.PAUSING: "running",
     State.PAUSED: "paused",
     State.RESUMING: "paused",
+    State.CHECKPOINTING: "running",
     State.KILLING: "running",
 }
 
@@ -58,6 +81,10 @@ class TransitionError(Conflict):
         super().__init__(f"cannot {event.value} a sandbox that is {state.value}")
         self.state = state
         self.event = event
+
+
+def allows(state: State, event: Event) -> bool:
+    return (state, event) in TRANSITIONS
 
 
 def next_state(state: State, event: Event) -> State:

@@ -1,4 +1,10 @@
-"""The node runtime: creates, tracks and removes sandboxes, each a VM in its own network."""
+"""The node runtime: creates, tracks and removes sandboxes, each a VM in its own network.
+
+Every change of a sandbox goes through `_operate` (or `kill`): it takes the sandbox's
+lock, moves it into the operation's transient state, runs the body and ends with DONE or
+FAILED, each persisted before anything else happens. Nothing else looks at states: the
+table in `lifecycle.py` decides what is allowed.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +18,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from ..config import Config
 from ..control.store import SandboxRecord, SandboxStore
+from ..crashpoints import crash_point
 from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..guest.client import AgentClient
 from ..guest.kit import Kit, guest_args, load_kit
@@ -25,17 +32,24 @@ from ..images.catalog import Template, TemplateCatalog
 from ..net.netns import NetworkPlan, create_network, destroy_network, plan_network
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
 from ..vmm.qemuimg import copy_sparse, create_qcow2
-from .admission import admit
-from .bootsnap import DISK_BYTES, BootSnapshots, Shape, sandbox_vm
+from .admission import Demand, admit, host_capacity
+from .bootsnap import (
+    DISK_BYTES,
+    BootSnapshots,
+    Shape,
+    read_init_secret,
+    sandbox_vm,
+    write_init_secret,
+)
 from .cleanup import CleanupStack
-from .lifecycle import Event, State, next_state
+from .launch import VmLauncher
+from .lifecycle import HOLDS_MEMORY, Event, State, allows, next_state
 
 log = logging.getLogger(__name__)
 
 AGENT_PORT = 49983
-# A restored guest's agent answers within a second; far longer means the restore is bad.
-RESTORE_TIMEOUT = 15.0
 _ID_ALPHABET = string.ascii_lowercase + string.digits
+T = TypeVar("T")
 
 
 @dataclass
@@ -57,6 +71,10 @@ class Route:
     access_token: str | None
 
 
+class GuestLost(Unavailable):
+    """A resumed guest ran but failed; its saved state no longer matches its memory."""
+
+
 def guest_kernel_args(cfg: Config) -> str:
     """The same for every sandbox (each has its own namespace), so snapshots can be shared."""
     net = cfg.net
@@ -71,8 +89,13 @@ def now() -> datetime:
     return datetime.now(UTC)
 
 
+def demand_of(record: SandboxRecord) -> Demand:
+    # A sandbox's disk holds its overlay and, while paused, its RAM file.
+    return Demand(record.memory_mb, record.disk_mb + record.memory_mb, record.vcpus)
+
+
 class SandboxManager:
-    """Owns every sandbox on this node; all lifecycle changes go through `_transition`."""
+    """Owns every sandbox on this node."""
 
     def __init__(
         self,
@@ -84,13 +107,16 @@ class SandboxManager:
         boot_snapshots: BootSnapshots | None = None,
     ) -> None:
         self.cfg = cfg
-        self.boot_snapshots = boot_snapshots
         self.store = store
         self.driver = driver
         self.kit = kit
         self.catalog = catalog
-        self._slot_lock = asyncio.Lock()
+        self.launcher = VmLauncher(cfg.sandbox, driver, boot_snapshots)
+        self.capacity = host_capacity(cfg.sandbox, cfg.home)
+        # Admission reads what is committed and then commits more: one at a time.
+        self._admission_lock = asyncio.Lock()
         self._locks: dict[str, asyncio.Lock] = {}
+        self._operations: dict[str, asyncio.Task[Any]] = {}
         self._routes: dict[str, Route] = {}
 
     # -- helpers ---------------------------------------------------------------------
@@ -100,6 +126,9 @@ class SandboxManager:
 
     def workdir(self, sandbox_id: str) -> Path:
         return self.cfg.sandboxes_dir / sandbox_id
+
+    def forks_dir(self) -> Path:
+        return self.cfg.home / "forks"
 
     def network_plan(self, record: SandboxRecord) -> NetworkPlan:
         net = self.cfg.net
@@ -113,17 +142,74 @@ class SandboxManager:
             guest_prefix=net.guest_prefix,
         )
 
-    def _route(self, record: SandboxRecord) -> Route:
-        return Route(self.network_plan(record).ns_ip, record.access_token)
-
-    def _agent(self, record: SandboxRecord) -> AgentClient:
+    def agent(self, record: SandboxRecord) -> AgentClient:
         return AgentClient(
-            f"http://{self.network_plan(record).ns_ip}:{AGENT_PORT}", record.access_token
+            f"http://{self.network_plan(record).ns_ip}:{AGENT_PORT}",
+            record.access_token,
+            init_secret=read_init_secret(self.workdir(record.sandbox_id)),
         )
 
     async def _transition(self, record: SandboxRecord, event: Event) -> None:
-        record.state = next_state(State(record.state), event)
-        await self.store.update(record.sandbox_id, state=record.state)
+        """Persist the next state; the proxy routes to a sandbox exactly while it runs."""
+        record.state = next_state(record.state, event)
+        await asyncio.shield(self.store.update(record.sandbox_id, state=record.state))
+        if record.state == State.RUNNING:
+            self.adopt(record)
+        else:
+            self._routes.pop(record.sandbox_id, None)
+
+    async def _run_killable(self, sandbox_id: str, body: Awaitable[T]) -> T:
+        """Run `body` as a task that `kill` may cancel; a kill surfaces as 409."""
+        task = asyncio.ensure_future(body)
+        self._operations[sandbox_id] = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            raise Conflict(f"sandbox '{sandbox_id}' was killed meanwhile") from None
+        finally:
+            self._operations.pop(sandbox_id, None)
+
+    async def _operate(
+        self,
+        sandbox_id: str,
+        event: Event,
+        body: Callable[[SandboxRecord], Awaitable[T]],
+        admit_memory: bool = False,
+    ) -> T:
+        """Under the sandbox's lock: `event` into its transient state, `body`, then DONE,
+        or FAILED (LOST for `GuestLost`) when the body fails or `kill` cancels it."""
+        async with self._lock(sandbox_id):
+            record = await self.get(sandbox_id)
+            if admit_memory:
+                async with self._admission_lock:
+                    await self._admit(demand_of(record), exclude=sandbox_id)
+                    await self._transition(record, event)
+            else:
+                await self._transition(record, event)
+            try:
+                result = await self._run_killable(sandbox_id, body(record))
+            except BaseException as exc:
+                failed = Event.LOST if isinstance(exc, GuestLost) else Event.FAILED
+                await self._transition(record, failed)
+                if record.state == State.KILLING:
+                    await asyncio.shield(self.teardown(record))
+                raise
+            await self._transition(record, Event.DONE)
+            return result
+
+    async def _admit(self, demand: Demand, exclude: str | None = None) -> None:
+        records = [r for r in await self.store.list() if r.sandbox_id != exclude]
+        committed = [demand_of(r) for r in records if r.state in HOLDS_MEMORY]
+        # Paused sandboxes hold disk but no memory.
+        committed += [
+            Demand(0, demand_of(r).disk_mb, 0) for r in records if r.state not in HOLDS_MEMORY
+        ]
+        await asyncio.to_thread(
+            admit, demand, committed, self.capacity, self.cfg.sandbox, self.cfg.home
+        )
 
     def _clamp_timeout(self, timeout: int) -> int:
         if timeout < 0:
@@ -142,12 +228,12 @@ class SandboxManager:
         return [r for r in await self.store.list() if r.state != State.KILLING]
 
     async def metrics(self, sandbox_id: str) -> dict[str, Any] | None:
-        """The guest's current resource figures; None while it is paused."""
+        """The guest's current resource figures; None unless it is running."""
         record = await self.get(sandbox_id)
-        if record.state != State.RUNNING:
+        if self.route(sandbox_id) is None:
             return None
         try:
-            return await self._agent(record).metrics()
+            return await self.agent(record).metrics()
         except httpx.HTTPError as exc:
             raise Unavailable(f"sandbox '{sandbox_id}' did not report metrics: {exc}") from exc
 
@@ -191,11 +277,8 @@ class SandboxManager:
         secure: bool,
     ) -> SandboxRecord:
         """Admit a sandbox and store its `creating` record with a free network slot."""
-        sandbox = self.cfg.sandbox
-        admit(memory_mb, sandbox.min_free_memory_mb, self.cfg.home, sandbox.min_free_disk_mb)
         started = now()
-        async with self._slot_lock:
-            used = {r.slot for r in await self.store.list()}
+        async with self._admission_lock:
             record = SandboxRecord(
                 sandbox_id=new_sandbox_id(),
                 template_id=template_id,
@@ -205,35 +288,40 @@ class SandboxManager:
                 end_at=started + timedelta(seconds=timeout),
                 vcpus=vcpus,
                 memory_mb=memory_mb,
-                disk_mb=sandbox.disk_size_mb,
-                slot=next(i for i in range(len(used) + 1) if i not in used),
+                disk_mb=self.cfg.sandbox.disk_size_mb,
+                slot=0,
                 metadata=metadata,
                 env_vars=env_vars,
                 auto_pause=auto_pause,
                 allow_internet=allow_internet,
                 access_token=secrets.token_hex(16) if secure else None,
             )
+            await self._admit(demand_of(record))
+            used = {r.slot for r in await self.store.list()}
+            record.slot = next(i for i in range(len(used) + 1) if i not in used)
             await self.store.insert(record)
+        crash_point("create.recorded")
         return record
 
     async def _bring_up(
         self, record: SandboxRecord, provision: Callable[[CleanupStack], Awaitable[None]]
     ) -> SandboxRecord:
-        """Run `provision` for a new record; on any failure every acquired resource goes."""
+        """Run `provision` for a new record; on any failure (or a kill) every acquired
+        resource goes, the record last."""
         cleanup = CleanupStack(f"create sandbox {record.sandbox_id} ({record.template_id})")
         cleanup.push("state record", lambda: self.store.delete(record.sandbox_id))
-        try:
-            async with self._lock(record.sandbox_id):
-                await provision(cleanup)
-                await self._transition(record, Event.BOOTED)
-                self._routes[record.sandbox_id] = self._route(record)
-            cleanup.dismiss()
-            log.info("sandbox %s running (slot %d)", record.sandbox_id, record.slot)
-            return record
-        except BaseException:
-            await cleanup.run()
-            self._locks.pop(record.sandbox_id, None)
-            raise
+        async with self._lock(record.sandbox_id):
+            try:
+                await self._run_killable(record.sandbox_id, provision(cleanup))
+                crash_point("create.provisioned")
+                await self._transition(record, Event.DONE)
+            except BaseException:
+                await self._transition(record, Event.FAILED)
+                await cleanup.run()
+                raise
+        cleanup.dismiss()
+        log.info("sandbox %s running (slot %d)", record.sandbox_id, record.slot)
+        return record
 
     async def _provision(
         self, record: SandboxRecord, template: Template, cleanup: CleanupStack
@@ -248,17 +336,21 @@ class SandboxManager:
         except VmmError as exc:
             raise Unavailable(str(exc)) from exc
         await self._make_network(record, cleanup)
-        spec = self._vm_spec(record, self.kit)
-        handle = await self._start_vm(spec, record, restorable=size is not None)
+        crash_point("create.network")
+        agent = self.agent(record)
+        handle = await self.launcher.start(
+            self._vm_spec(record, self.kit), agent, restorable=size is not None
+        )
         cleanup.push("vm", lambda: self.driver.stop(handle))
+        crash_point("create.vm")
         await self._save_vm(record, handle, self.kit)
-        agent = self._agent(record)
         await agent.init(
             {**template.env, **record.env_vars},
             record.access_token,
             user=template.user or None,
             workdir=template.workdir or None,
         )
+        crash_point("create.initialized")
         if template.command:
             try:
                 await agent.start_detached(template.command, tag="entrypoint")
@@ -270,6 +362,7 @@ class SandboxManager:
         workdir = self.workdir(record.sandbox_id)
         workdir.mkdir(parents=True)
         cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
+        write_init_secret(workdir)
         return workdir
 
     async def _make_network(self, record: SandboxRecord, cleanup: CleanupStack) -> None:
@@ -301,82 +394,20 @@ class SandboxManager:
             raise Unavailable(f"kit {version}, which this sandbox runs on, is gone")
         return kit
 
-    async def _start_vm(self, spec: VmSpec, record: SandboxRecord, restorable: bool) -> VmHandle:
-        """Restore from the boot snapshot of the VM's shape if there is one, else boot."""
-        snapshots = self.boot_snapshots
-        if snapshots is None or not restorable:
-            return await self._boot(spec, record)
-        shape = Shape(spec.vcpus, spec.memory_mb)
-        snapshot = snapshots.ready(shape)
-        if snapshot is None:
-            snapshots.request(shape)
-            return await self._boot(spec, record)
-        try:
-            return await self._restored(spec, record, snapshot)
-        except (VmmError, TimeoutError) as exc:
-            log.warning("restore of %s failed, booting instead: %s", spec.name, exc)
-            snapshots.discard(shape)
-        return await self._boot_fresh(spec, record)
-
-    async def _restored(self, spec: VmSpec, record: SandboxRecord, saved: Path) -> VmHandle:
-        """`spec` restored from the state in `saved`, its agent answering; on any failure
-        (VmmError, TimeoutError) the VM is stopped again."""
-        handle = await self.driver.restore(spec, saved)
-        try:
-            await self._await_agent(handle, record, RESTORE_TIMEOUT, poll=0.02)
-        except BaseException:
-            await self.driver.stop(handle)
-            raise
-        return handle
-
-    async def _await_agent(
-        self, handle: VmHandle, record: SandboxRecord, timeout: float, poll: float
-    ) -> None:
-        """Until the guest's agent answers; TimeoutError after `timeout`, VmmError if QEMU exits."""
-        agent = self._agent(record)
-        async with asyncio.timeout(timeout):
-            while not await agent.healthy():
-                if not self.driver.is_alive(handle):
-                    raise VmmError("the VM exited before its agent answered")
-                await asyncio.sleep(poll)
-
-    async def _boot_fresh(self, spec: VmSpec, record: SandboxRecord) -> VmHandle:
-        """Boot after a failed restore, without its RAM and with its console kept aside."""
-        (spec.workdir / "memory").unlink(missing_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            (spec.workdir / "console.log").rename(spec.workdir / "console.restore.log")
-        return await self._boot(spec, record)
-
-    async def _boot(self, spec: VmSpec, record: SandboxRecord) -> VmHandle:
-        """Boot with a deadline; retry once, since TCG guests occasionally stall early."""
-        attempts = max(1, self.cfg.sandbox.boot_attempts)
-        problem = ""
-        for attempt in range(1, attempts + 1):
-            handle = await self.driver.boot(spec)
-            try:
-                await self._await_agent(handle, record, self.cfg.sandbox.boot_timeout, poll=0.1)
-                return handle
-            except (TimeoutError, VmmError) as exc:
-                problem = str(exc) or f"no answer within {self.cfg.sandbox.boot_timeout:.0f}s"
-                tail = _tail(handle.console_log)
-                log.warning(
-                    "boot attempt %d of %s failed: %s\n%s", attempt, spec.name, problem, tail
-                )
-                await self.driver.stop(handle)
-                handle.console_log.rename(handle.console_log.with_suffix(f".{attempt}.log"))
-            except BaseException:
-                await self.driver.stop(handle)
-                raise
-        raise Unavailable(f"sandbox did not boot after {attempts} attempts: {problem}")
-
     # -- changes ---------------------------------------------------------------------
 
     async def kill(self, sandbox_id: str) -> None:
+        """Kill from any state: an operation under way is cancelled (and undone) first."""
+        operation = self._operations.get(sandbox_id)
+        if operation is not None:
+            operation.cancel()
         async with self._lock(sandbox_id):
-            # Read under the lock: a concurrent change must not be acted on twice.
-            record = await self.get(sandbox_id)
+            record = await self.store.get(sandbox_id)
+            if record is None:
+                if operation is not None:
+                    return  # a create, cancelled: it removed everything itself
+                raise NotFound(f"sandbox '{sandbox_id}' not found")
             await self._transition(record, Event.KILL)
-            self._routes.pop(sandbox_id, None)
             await self.teardown(record)
         self._locks.pop(sandbox_id, None)
         log.info("sandbox %s killed", sandbox_id)
@@ -411,67 +442,80 @@ class SandboxManager:
     async def pause(self, sandbox_id: str) -> None:
         """Save the guest's device state next to its RAM file and stop its VMM: a paused
         sandbox holds disk, not memory or CPU, until it is resumed."""
-        async with self._lock(sandbox_id):
-            record = await self.get(sandbox_id)
-            await self._transition(record, Event.PAUSE)
-            self._routes.pop(sandbox_id, None)
-            assert record.vm is not None
-            handle = VmHandle.from_dict(record.vm)
-            try:
-                await self.driver.pause(handle, self._snapshot_dir(sandbox_id))
-            except BaseException:
-                with contextlib.suppress(VmmError, OSError):
-                    await self.driver.resume(handle)
-                await self._transition(record, Event.FAILED)
-                self._routes[sandbox_id] = self._route(record)
-                raise
-            await self.driver.stop(handle)
-            await self._transition(record, Event.PAUSED)
+        await self._operate(sandbox_id, Event.PAUSE, self._pause)
         log.info("sandbox %s paused", sandbox_id)
+
+    async def _pause(self, record: SandboxRecord) -> None:
+        crash_point("pause.begun")
+        assert record.vm is not None
+        handle = VmHandle.from_dict(record.vm)
+        try:
+            await self.driver.pause(handle, self.snapshot_dir(record.sandbox_id))
+        except BaseException:
+            with contextlib.suppress(VmmError, OSError):
+                await self.driver.resume(handle)
+            raise
+        crash_point("pause.saved")
+        await self.driver.stop(handle)
+        crash_point("pause.stopped")
 
     async def connect(self, sandbox_id: str, timeout: int) -> tuple[SandboxRecord, bool]:
         """Resume a paused sandbox (True) or keep a running one (False); extends its life."""
+        record = await self.get(sandbox_id)
+        if not allows(record.state, Event.RESUME):
+            async with self._lock(sandbox_id):  # waits out an operation under way
+                record = await self.get(sandbox_id)
+                if not allows(record.state, Event.RESUME):
+                    wanted_end = now() + timedelta(seconds=self._clamp_timeout(timeout))
+                    if wanted_end > record.end_at:
+                        record.end_at = wanted_end
+                        await self.store.update(sandbox_id, end_at=wanted_end)
+                    return record, False
+        return await self.resume(sandbox_id, timeout), True
+
+    async def resume(self, sandbox_id: str, timeout: int) -> SandboxRecord:
+        """A paused sandbox's guest continues where it stopped; 409 unless it is paused."""
         wanted_end = now() + timedelta(seconds=self._clamp_timeout(timeout))
-        async with self._lock(sandbox_id):
-            record = await self.get(sandbox_id)
-            if record.state == State.RUNNING:
-                if wanted_end > record.end_at:
-                    record.end_at = wanted_end
-                    await self.store.update(sandbox_id, end_at=wanted_end)
-                return record, False
-            await self._transition(record, Event.RESUME)
-            try:
-                await self._restore_paused(record)
-            except BaseException:
-                await self._transition(record, Event.FAILED)
-                raise
+
+        async def restore(record: SandboxRecord) -> SandboxRecord:
+            await self._restore_paused(record)
             record.end_at = wanted_end
             await self.store.update(sandbox_id, end_at=wanted_end)
-            await self._transition(record, Event.RESUMED)
-            self._routes[sandbox_id] = self._route(record)
+            return record
+
+        record = await self._operate(sandbox_id, Event.RESUME, restore, admit_memory=True)
         log.info("sandbox %s resumed", sandbox_id)
-        return record, True
+        return record
 
     async def _restore_paused(self, record: SandboxRecord) -> None:
         """A new VMM from the paused sandbox's own files; the guest continues where it was."""
+        crash_point("resume.begun")
         assert record.vm is not None
         # A VMM still there (paused in place by an older server) would hold the tap.
         await self.driver.stop(VmHandle.from_dict(record.vm))
         kit = self._pinned_kit(record)
         spec = self._vm_spec(record, kit)
+        snapshot = self.snapshot_dir(record.sandbox_id)
+        agent = self.agent(record)
         try:
-            handle = await self._restored(spec, record, self._snapshot_dir(record.sandbox_id))
+            handle = await self.launcher.restore(spec, agent, snapshot)
+            await self._save_vm(record, handle, kit)
+            crash_point("resume.restored")
             try:
                 # The guest's clock stood still while it was paused; /init sets it again.
-                await self._agent(record).init({}, record.access_token)
+                await agent.init({}, record.access_token)
             except BaseException:
                 await self.driver.stop(handle)
                 raise
         except (VmmError, TimeoutError, httpx.HTTPError) as exc:
+            if not self.driver.saved_state_intact(snapshot):
+                raise GuestLost(
+                    f"sandbox {record.sandbox_id} failed after its guest resumed: {exc}"
+                ) from exc
             raise Unavailable(f"sandbox {record.sandbox_id} could not be resumed: {exc}") from exc
-        await self._save_vm(record, handle, kit)
+        crash_point("resume.initialized")
 
-    def _snapshot_dir(self, sandbox_id: str) -> Path:
+    def snapshot_dir(self, sandbox_id: str) -> Path:
         return self.workdir(sandbox_id) / "snapshot"
 
     async def fork(
@@ -479,18 +523,17 @@ class SandboxManager:
     ) -> list[SandboxRecord | Exception]:
         """Checkpoint a running sandbox in place (it keeps its id and expiry) and start
         `count` sandboxes from that one checkpoint; each fork succeeds or fails alone."""
-        checkpoint = self.cfg.home / "forks" / secrets.token_hex(8)
-        async with self._lock(sandbox_id):
-            source = await self.get(sandbox_id)
-            if source.state != State.RUNNING:
-                raise Conflict(f"sandbox {sandbox_id} is {source.state}; only running ones fork")
-            await self._checkpoint(source, checkpoint)
+        checkpoint = self.forks_dir() / secrets.token_hex(8)
+        source = await self._operate(
+            sandbox_id, Event.CHECKPOINT, lambda record: self._checkpoint(record, checkpoint)
+        )
         try:
             if timeout is None:
                 timeout = self.cfg.sandbox.default_timeout
             wanted = self._clamp_timeout(timeout)
             forks = (self._fork_one(source, checkpoint, wanted) for _ in range(count))
             results = await asyncio.gather(*forks, return_exceptions=True)
+            crash_point("fork.children")
         finally:
             await asyncio.to_thread(shutil.rmtree, checkpoint, True)
         outcomes: list[SandboxRecord | Exception] = []
@@ -502,21 +545,25 @@ class SandboxManager:
         log.info("sandbox %s forked into %d of %d", sandbox_id, started, count)
         return outcomes
 
-    async def _checkpoint(self, source: SandboxRecord, checkpoint: Path) -> None:
+    async def _checkpoint(self, source: SandboxRecord, checkpoint: Path) -> SandboxRecord:
         """Device state, RAM and disk of `source` at one instant; it runs on afterwards."""
+        crash_point("fork.begun")
         assert source.vm is not None
         handle = VmHandle.from_dict(source.vm)
         workdir = self.workdir(source.sandbox_id)
         checkpoint.mkdir(parents=True)
         try:
             await self.driver.pause(handle, checkpoint)
+            crash_point("fork.frozen")
             for name in ("memory", "rootfs.qcow2"):
                 await asyncio.to_thread(copy_sparse, workdir / name, checkpoint / name)
+            crash_point("fork.copied")
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, checkpoint, True)
             raise
         finally:
             await self.driver.resume(handle)
+        return source
 
     async def _fork_one(
         self, source: SandboxRecord, checkpoint: Path, timeout: int
@@ -541,28 +588,29 @@ class SandboxManager:
                 copy_sparse, checkpoint / "rootfs.qcow2", workdir / "rootfs.qcow2"
             )
             await self._make_network(record, cleanup)
+            agent = self.agent(record)
             try:
-                handle = await self._restored(self._vm_spec(record, kit), record, checkpoint)
+                handle = await self.launcher.restore(self._vm_spec(record, kit), agent, checkpoint)
             except (VmmError, TimeoutError) as exc:
                 raise Unavailable(f"fork could not start: {exc}") from exc
             cleanup.push("vm", lambda: self.driver.stop(handle))
             await self._save_vm(record, handle, kit)
             # A new clock reading, entropy of its own, and its own access token.
-            await self._agent(record).init({}, record.access_token)
+            await agent.init({}, record.access_token)
 
         return await self._bring_up(record, provision)
 
     # -- recovery --------------------------------------------------------------------
 
-    def adopt(self, record: SandboxRecord) -> None:
-        """Serve a sandbox whose VM survived a server restart."""
-        self._routes[record.sandbox_id] = self._route(record)
+    async def settle(self, record: SandboxRecord, event: Event) -> None:
+        """Recovery's end of an operation a dead server left in a transient state."""
+        await self._transition(record, event)
 
-    def is_resumable(self, record: SandboxRecord) -> bool:
-        """A paused sandbox whose saved state survived (a server restart, say)."""
-        return (self._snapshot_dir(record.sandbox_id) / "vmstate").is_file() and (
-            self.workdir(record.sandbox_id) / "memory"
-        ).is_file()
+    def adopt(self, record: SandboxRecord) -> None:
+        """Route the proxy to a running sandbox (one whose VM survived a restart too)."""
+        self._routes[record.sandbox_id] = Route(
+            self.network_plan(record).ns_ip, record.access_token
+        )
 
 
 def _disk_size(template: Template) -> int:
@@ -570,10 +618,3 @@ def _disk_size(template: Template) -> int:
     if template.rootfs_format != "raw":
         return DISK_BYTES + 1
     return template.rootfs.stat().st_size
-
-
-def _tail(path: Path, limit: int = 1500) -> str:
-    try:
-        return path.read_text(errors="replace")[-limit:]
-    except OSError:
-        return ""

@@ -8,7 +8,7 @@ import logging
 
 from ..errors import Conflict, NotFound
 from ..vmm.driver import VmHandle
-from .lifecycle import State
+from .lifecycle import EXPIRES
 from .manager import SandboxManager, now
 
 log = logging.getLogger(__name__)
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 async def sweep_once(manager: SandboxManager) -> None:
     """Kill expired sandboxes (pause those created with autoPause); forget dead ones."""
     for record in await manager.store.list():
-        if record.state != State.RUNNING:
+        if record.state not in EXPIRES:
             continue
         expired = record.end_at <= now()
         handle = VmHandle.from_dict(record.vm) if record.vm is not None else None

@@ -25,6 +25,8 @@ class VmSpec:
     netns: str | None = None
     tap: str | None = None
     mac: str = "02:fc:00:00:00:05"
+    # (name, host file) pairs the guest reads out of band of its network (QEMU: fw_cfg).
+    guest_files: tuple[tuple[str, Path], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,13 @@ class VmmDriver(Protocol):
         """Stop a VMM process known only by pid (a leftover from an earlier server)."""
         ...
 
+    def reclaim_control_files(self) -> int:
+        """Remove control files (sockets) that VMMs which died left behind; how many."""
+        ...
+
     async def pause(self, handle: VmHandle, snapshot_dir: Path) -> None:
-        """Freeze the guest and write its device state to `snapshot_dir`; the VM stays stopped."""
+        """Freeze the guest and write its device state to `snapshot_dir`, which holds it
+        only once it is whole; the VM stays stopped."""
         ...
 
     async def resume(self, handle: VmHandle) -> None:
@@ -95,7 +102,12 @@ class VmmDriver(Protocol):
 
     async def restore(self, spec: VmSpec, snapshot_dir: Path) -> VmHandle:
         """Start `spec` from the device state `pause` wrote to `snapshot_dir`, and the RAM
-        in `snapshot_dir` if there is one there (a clone), else the VM's own; running on return."""
+        in `snapshot_dir` if there is one there (a clone), else the VM's own; running on
+        return. Restoring a VM's own RAM consumes the saved state as the guest starts."""
+        ...
+
+    def saved_state_intact(self, snapshot_dir: Path) -> bool:
+        """True while `snapshot_dir` holds a whole saved state no guest has run from."""
         ...
 
     async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:

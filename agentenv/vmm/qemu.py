@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import shlex
 import signal
+import socket
 from pathlib import Path
 
+from ..crashpoints import crash_point
 from .driver import VmHandle, VmmError, VmSpec
 from .qemuimg import copy_sparse
 from .qmp import QmpClient
@@ -22,8 +25,18 @@ def qmp_socket(name: str, run_dir: Path = RUN_DIR) -> Path:
     return run_dir / f"{name}.qmp"
 
 
+def run_dir_for(home: Path) -> Path:
+    """One directory per server home, so a server only ever sweeps its own sockets."""
+    return RUN_DIR / hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:12]
+
+
 _STOP_GRACE_S = 2.0
 _TERM_GRACE_S = 5.0
+# Device state is tens of KB (RAM is not in the stream), so this is generous.
+_MIGRATE_DEADLINE_S = 60.0
+# A VM's saved device state; renamed once a guest restored in place has run from it.
+VMSTATE = "vmstate"
+CONSUMED_VMSTATE = "vmstate.consumed"
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int | None:
@@ -106,9 +119,24 @@ def build_command(
             "-netdev", f"tap,id=net0,ifname={spec.tap},script=no,downscript=no",
             "-device", f"virtio-net-device,netdev=net0,mac={spec.mac}",
         ]  # fmt: skip
+    for name, path in spec.guest_files:
+        # A file, not a string: the command line is readable by every host user.
+        args += ["-fw_cfg", f"name={name},file={path}"]
     if incoming:
         args += ["-incoming", "defer"]
     return args
+
+
+async def _wait_status_leaves(client: QmpClient, status: str, deadline: float) -> str:
+    try:
+        async with asyncio.timeout(deadline):
+            while True:
+                current = (await client.execute("query-status"))["status"]
+                if current != status:
+                    return current
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise VmmError(f"VM still {status} after {deadline:.0f}s") from None
 
 
 async def _ignore_shared_ram(client: QmpClient) -> None:
@@ -152,7 +180,8 @@ class QemuDriver:
         spec.workdir.mkdir(parents=True, exist_ok=True)
         # A clone writes its own RAM: copy the snapshot's (sparse) memory file. A paused VM
         # has none there: its own RAM file in its workdir is still what it was.
-        if (snapshot_dir / "memory").exists():
+        in_place = not (snapshot_dir / "memory").exists()
+        if not in_place:
             try:
                 await asyncio.to_thread(
                     copy_sparse, snapshot_dir / "memory", spec.workdir / "memory"
@@ -166,16 +195,12 @@ class QemuDriver:
                 await _ignore_shared_ram(client)
                 await client.execute(
                     "migrate-incoming",
-                    {"uri": f"exec:cat {shlex.quote(str(snapshot_dir / 'vmstate'))}"},
+                    {"uri": f"exec:cat {shlex.quote(str(snapshot_dir / VMSTATE))}"},
                 )
-                while True:
-                    status = (await client.execute("query-status"))["status"]
-                    if status != "inmigrate":
-                        break
-                    await asyncio.sleep(0.005)
+                status = await _wait_status_leaves(client, "inmigrate", _MIGRATE_DEADLINE_S)
                 if status not in ("paused", "running"):
                     raise VmmError(f"loading the snapshot's device state failed: {status}")
-                await client.execute("cont")
+                await self._continue_restored(client, snapshot_dir, in_place)
             finally:
                 await client.close()
         except VmmError as exc:
@@ -186,11 +211,33 @@ class QemuDriver:
             raise
         return handle
 
+    async def _continue_restored(
+        self, client: QmpClient, snapshot_dir: Path, in_place: bool
+    ) -> None:
+        """`cont`; restoring in place consumes the saved state first, since once the guest
+        runs it writes the very RAM file the state was saved with."""
+        if not in_place:
+            await client.execute("cont")
+            return
+        saved = snapshot_dir / VMSTATE
+        consumed = snapshot_dir / CONSUMED_VMSTATE
+        saved.rename(consumed)
+        crash_point("resume.consumed")
+        try:
+            await client.execute("cont")
+        except VmmError as exc:
+            if "no answer" not in str(exc):
+                consumed.rename(saved)  # refused: the guest never ran
+            raise
+
+    def saved_state_intact(self, snapshot_dir: Path) -> bool:
+        return (snapshot_dir / VMSTATE).is_file()
+
     async def _launch(self, spec: VmSpec, *, incoming: bool) -> VmHandle:
         spec.workdir.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        socket = qmp_socket(spec.name, self.run_dir)
-        socket.unlink(missing_ok=True)
+        control = qmp_socket(spec.name, self.run_dir)
+        control.unlink(missing_ok=True)
         command = build_command(
             self.qemu_binary, self.accel, spec, self._tsc_khz, self.run_dir, incoming=incoming
         )
@@ -211,7 +258,7 @@ class QemuDriver:
             pid=proc.pid,
             workdir=str(spec.workdir),
             accel=self.accel,
-            extra={"qmp": str(socket)},
+            extra={"qmp": str(control)},
         )
         try:
             client = await QmpClient.connect(Path(handle.extra["qmp"]), timeout=10.0)
@@ -239,6 +286,22 @@ class QemuDriver:
                     if workdir.parent == root:
                         found[workdir] = int(entry.name)
         return found
+
+    def reclaim_control_files(self) -> int:
+        """Remove control sockets no VMM listens on any more; returns how many."""
+        removed = 0
+        for path in self.run_dir.glob("*.qmp") if self.run_dir.is_dir() else ():
+            with socket.socket(socket.AF_UNIX) as probe:
+                try:
+                    probe.connect(str(path))
+                    continue
+                except ConnectionRefusedError:
+                    pass
+                except OSError:
+                    continue
+            path.unlink(missing_ok=True)
+            removed += 1
+        return removed
 
     async def kill_pid(self, pid: int) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -281,19 +344,34 @@ class QemuDriver:
 
     async def pause(self, handle: VmHandle, snapshot_dir: Path) -> None:
         snapshot_dir.mkdir(parents=True, exist_ok=True)
-        state = snapshot_dir / "vmstate"
+        state = snapshot_dir / VMSTATE
+        partial = snapshot_dir / f"{VMSTATE}.partial"
+        # Whatever was saved before is stale the moment this guest is frozen anew.
+        state.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
         client = await QmpClient.connect(Path(handle.extra["qmp"]))
         try:
             await client.execute("stop")
             await _ignore_shared_ram(client)
-            await client.execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(state))}"})
-            while True:
-                status = (await client.execute("query-migrate")).get("status")
-                if status == "completed":
-                    return
-                if status in ("failed", "cancelled"):
-                    raise VmmError(f"saving device state failed: {status}")
-                await asyncio.sleep(0.002)
+            # The state gets its name only once it is whole: a crash never leaves a torn one.
+            target = f"cat > {shlex.quote(str(partial))} && mv -f {shlex.quote(str(partial))} "
+            target += shlex.quote(str(state))
+            await client.execute("migrate", {"uri": f"exec:{target}"})
+            async with asyncio.timeout(_MIGRATE_DEADLINE_S):
+                while True:
+                    status = (await client.execute("query-migrate")).get("status")
+                    if status == "completed":
+                        break
+                    if status in ("failed", "cancelled"):
+                        raise VmmError(f"saving device state failed: {status}")
+                    await asyncio.sleep(0.002)
+                # QEMU is done writing; the shell renames once `cat` has all of it.
+                while True:
+                    if state.exists():
+                        break
+                    await asyncio.sleep(0.002)
+        except TimeoutError:
+            raise VmmError(f"saving device state: not done in {_MIGRATE_DEADLINE_S:.0f}s") from None
         finally:
             await client.close()
 

@@ -30,9 +30,16 @@ class QmpClient:
                     raise VmmError(f"QMP socket {socket_path} not ready: {exc}") from exc
                 await asyncio.sleep(0.01)
         client = cls(reader, writer)
-        async with asyncio.timeout(timeout):
-            await client._read_message()  # greeting
-            await client.execute("qmp_capabilities")
+        try:
+            async with asyncio.timeout(timeout):
+                await client._read_message()  # greeting
+                await client.execute("qmp_capabilities")
+        except TimeoutError:
+            await client.close()
+            raise VmmError(f"QMP socket {socket_path}: no greeting within {timeout:.0f}s") from None
+        except BaseException:
+            await client.close()
+            raise
         return client
 
     async def _read_message(self) -> dict[str, Any]:
@@ -44,11 +51,21 @@ class QmpClient:
             raise VmmError("QMP connection closed")
         return json.loads(line)
 
-    async def execute(self, command: str, arguments: dict[str, Any] | None = None) -> Any:
-        """Run one command and return its result; QMP errors raise VmmError."""
+    async def execute(
+        self, command: str, arguments: dict[str, Any] | None = None, timeout: float = 10.0
+    ) -> Any:
+        """Run one command and return its result; QMP errors, and no answer within
+        `timeout` (a wedged VMM), raise VmmError."""
         message: dict[str, Any] = {"execute": command}
         if arguments:
             message["arguments"] = arguments
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._exchange(command, message)
+        except TimeoutError:
+            raise VmmError(f"QMP {command}: no answer within {timeout:.0f}s") from None
+
+    async def _exchange(self, command: str, message: dict[str, Any]) -> Any:
         try:
             self._writer.write(json.dumps(message).encode() + b"\n")
             await self._writer.drain()

@@ -170,7 +170,7 @@ def test_restart_readopts_live_sandbox(fresh_server: LiveServer) -> None:
         assert api.get(f"/sandboxes/{sid}").json()["state"] == "running"
     assert run(fresh_server, sandbox, "cat /home/user/mark")[0] == "kept\n"
     kill(fresh_server, sid)
-    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0)
+    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
 
 
 def test_restart_cleans_up_dead_sandboxes(fresh_server: LiveServer) -> None:
@@ -182,7 +182,7 @@ def test_restart_cleans_up_dead_sandboxes(fresh_server: LiveServer) -> None:
     fresh_server.start()
     with fresh_server.client() as api:
         assert api.get(f"/sandboxes/{sandbox['sandboxID']}").status_code == 404
-    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0)
+    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
 
 
 def test_twenty_cycles_return_to_baseline(server: LiveServer) -> None:
@@ -239,7 +239,7 @@ def test_not_enough_memory_is_503_and_leaves_nothing(fresh_server: LiveServer) -
         assert response.status_code == 503
         assert "not enough host memory" in response.json()["message"]
         assert api.get("/v2/sandboxes").json() == []
-    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0)
+    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
 
 
 def test_pause_and_connect_resume_where_it_stopped(server: LiveServer) -> None:
@@ -290,7 +290,7 @@ def test_paused_sandbox_survives_a_server_restart(fresh_server: LiveServer) -> N
     clock, _, _ = run(fresh_server, sandbox, "date +%s")
     assert abs(int(clock) - time.time()) < 10
     kill(fresh_server, sid)
-    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0)
+    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
 
 
 def test_auto_pause_on_expiry(server: LiveServer) -> None:

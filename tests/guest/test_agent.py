@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentenv.guest.agent import init_secret
 from agentenv.guest.client import AgentClient
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +28,11 @@ STREAM = {"Content-Type": "application/connect+json", "Connect-Protocol-Version"
 NOBODY = {"Authorization": "Basic " + base64.b64encode(b"nobody:").decode()}
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent tests need root")
+
+# The host's /init secret, which a VM's agent reads through the VMM, comes from a file here.
+SECRET = init_secret.new_secret()
+SECRET_FILE = Path(f"/tmp/aenv-agent-test-{os.getpid()}.secret")
+INIT = {init_secret.HEADER: SECRET}
 
 
 @dataclass
@@ -52,6 +58,8 @@ def _spawn(rootfs: str = "/") -> Agent:
     if "AENV_AGENT_PYTHONPATH" in os.environ:
         env["PYTHONPATH"] = os.environ["AENV_AGENT_PYTHONPATH"]
     cmd = [python, "-m", "agentenv.guest.agent", "--host", "127.0.0.1", "--port", str(port)]
+    SECRET_FILE.write_text(SECRET)
+    cmd += ["--init-secret-file", str(SECRET_FILE)]
     proc = subprocess.Popen([*cmd, "--rootfs", rootfs], cwd=REPO, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 15
@@ -83,7 +91,7 @@ def agent() -> Iterator[Agent]:
 
 @pytest.fixture
 async def client(agent: Agent) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=agent.url, timeout=30) as c:
+    async with httpx.AsyncClient(base_url=agent.url, timeout=30, headers=INIT) as c:
         yield c
 
 
@@ -491,7 +499,8 @@ async def test_access_token() -> None:
     a = _spawn()
     try:
         async with httpx.AsyncClient(base_url=a.url) as c:
-            assert (await c.post("/init", json={"accessToken": "s3cret"})).status_code == 204
+            r = await c.post("/init", json={"accessToken": "s3cret"}, headers=INIT)
+            assert r.status_code == 204
             assert (await c.get("/health")).status_code == 204
             assert (await c.get("/envs")).status_code == 401
             ok = {"X-Access-Token": "s3cret"}
@@ -512,6 +521,49 @@ async def test_access_token() -> None:
         _stop(a)
 
 
+async def test_init_is_the_hosts_alone() -> None:
+    """Nobody without the host's secret sets a token, env vars or a default user; the
+    sandbox's own token does not open /init either."""
+    a = _spawn()
+    try:
+        async with httpx.AsyncClient(base_url=a.url) as c:
+            assert (await c.post("/init", json={"accessToken": "owner"}, headers=INIT)).is_success
+            owner = {"X-Access-Token": "owner"}
+            attempts: list[dict[str, str]] = [
+                {},
+                {init_secret.HEADER: ""},
+                {init_secret.HEADER: "0" * init_secret.SECRET_HEX_CHARS},
+                {init_secret.HEADER: SECRET[:-1]},
+                owner,
+            ]
+            for headers in attempts:
+                r = await c.post("/init", json={"accessToken": "thief"}, headers=headers)
+                assert r.status_code == 401, headers
+                assert r.json()["code"] == 401
+            # The owner still gets in; the would-be thief's token does not.
+            assert (await c.get("/envs", headers=owner)).status_code == 200
+            assert (await c.get("/envs", headers={"X-Access-Token": "thief"})).status_code == 401
+            # Later calls need the secret too, and work with it.
+            r = await c.post("/init", json={"envVars": {"A": "1"}}, headers={**INIT, **owner})
+            assert r.status_code == 204
+    finally:
+        _stop(a)
+
+
+async def test_init_without_any_secret_is_refused() -> None:
+    SECRET_FILE.unlink()
+    a = _spawn()
+    SECRET_FILE.unlink()  # gone after start: the agent reads it on every /init
+    try:
+        async with httpx.AsyncClient(base_url=a.url) as c:
+            assert (await c.post("/init", json={}, headers=INIT)).status_code == 401
+            assert (
+                await c.post("/init", json={}, headers={init_secret.HEADER: ""})
+            ).status_code == 401
+    finally:
+        _stop(a)
+
+
 async def test_rootfs_confines_paths(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "etc").mkdir(parents=True)
@@ -523,7 +575,7 @@ async def test_rootfs_confines_paths(tmp_path: Path) -> None:
     (root / "escape").symlink_to("/data")  # absolute: must resolve inside root
     a = _spawn(str(root))
     try:
-        async with httpx.AsyncClient(base_url=a.url) as c:
+        async with httpx.AsyncClient(base_url=a.url, headers=INIT) as c:
             raw = {"Content-Type": "application/octet-stream"}
             r = await c.post("/files", params={"path": "/escape/f.txt"}, content=b"in", headers=raw)
             assert r.json()[0]["path"] == "/escape/f.txt"

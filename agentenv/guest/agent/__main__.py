@@ -25,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run as a VM's agent: /init mounts the user's disk at --rootfs, sets the clock",
     )
+    parser.add_argument(
+        "--init-secret-file",
+        help="outside a VM: the file holding the host's /init secret (else /init is refused)",
+    )
     parser.add_argument("--log-level", default="INFO", help="stderr log level")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             # Cancel the server task so aiohttp's cleanup runs, then exit normally.
             loop.add_signal_handler(signum, task.cancel)  # type: ignore[union-attr]
-        await serve(args.host, args.port, args.rootfs, args.guest)
+        await serve(args.host, args.port, args.rootfs, args.guest, args.init_secret_file)
 
     with contextlib.suppress(asyncio.CancelledError):
         asyncio.run(run())

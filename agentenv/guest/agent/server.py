@@ -14,22 +14,33 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from . import files, filesystem, machine, process
+from . import files, filesystem, init_secret, machine, process
 from .connect import ConnectError, error_response, json_response, log_error
 from .state import STATE_KEY, AgentState, app_key, get_state
 
 log = logging.getLogger("aenv_agent")
 
 # Reachable without X-Access-Token: /files checks the token or a signature itself.
-OPEN_ROUTES = {("GET", "/health"), ("POST", "/init"), ("GET", "/files"), ("POST", "/files")}
+OPEN_ROUTES = {("GET", "/health"), ("GET", "/files"), ("POST", "/files")}
+# The host's alone: it carries the init secret instead of the sandbox's token.
+INIT_ROUTE = ("POST", "/init")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Enforce the /init access token; Connect routes get a Connect error."""
-    if (request.method, request.path) in OPEN_ROUTES or get_state(request).token_ok(request):
+    """/init needs the host's secret, every other route but /health the access token;
+    Connect routes get a Connect error."""
+    state = get_state(request)
+    route = (request.method, request.path)
+    if route == INIT_ROUTE:
+        given = request.headers.get(init_secret.HEADER, "")
+        if init_secret.secret_ok(state.init_secret, given):
+            return await handler(request)
+        log_error(request, ValueError("wrong init secret"))
+        return json_response({"code": 401, "message": "/init is the host's"}, status=401)
+    if route in OPEN_ROUTES or state.token_ok(request):
         return await handler(request)
     err = ConnectError("unauthenticated", "missing or invalid X-Access-Token")
     log_error(request, err)
@@ -141,11 +152,20 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
-def create_app(rootfs: str, guest: bool = False) -> web.Application:
-    """The application serving ``rootfs``; as `guest`, /init also attaches the user's disk."""
+def create_app(
+    rootfs: str, guest: bool = False, init_secret_file: str | None = None
+) -> web.Application:
+    """The application serving ``rootfs``; as `guest`, /init also attaches the user's disk
+    and its secret comes from the VMM, else from `init_secret_file`."""
+    if guest:
+        secret = init_secret.guest_source()
+    elif init_secret_file:
+        secret = init_secret.file_source(init_secret_file)
+    else:
+        secret = init_secret.no_source
     # client_max_size only bounds request.read()/post(); /files streams and is unaffected.
     app = web.Application(middlewares=[auth_middleware], client_max_size=64 * 1024 * 1024)
-    app[STATE_KEY] = AgentState.create(rootfs, guest)
+    app[STATE_KEY] = AgentState.create(rootfs, secret, guest)
     app[CPU_KEY] = CpuSampler()
     app.router.add_get("/health", health)
     app.router.add_post("/init", init)
@@ -157,9 +177,11 @@ def create_app(rootfs: str, guest: bool = False) -> web.Application:
     return app
 
 
-async def serve(host: str, port: int, rootfs: str, guest: bool = False) -> None:
+async def serve(
+    host: str, port: int, rootfs: str, guest: bool = False, init_secret_file: str | None = None
+) -> None:
     """Run until cancelled."""
-    app = create_app(rootfs, guest)
+    app = create_app(rootfs, guest, init_secret_file)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from .connect import ConnectError
+from .init_secret import SecretSource
 from .rootfs import RootFS
 from .users import User, UserDB, basic_auth_user
 
@@ -22,6 +23,8 @@ class AgentState:
 
     rootfs: RootFS
     users: UserDB
+    # Where the host's /init secret is read from, on each /init.
+    init_secret: SecretSource
     env_vars: dict[str, str] = field(default_factory=dict)
     access_token: str | None = None
     default_user: str | None = None
@@ -30,9 +33,9 @@ class AgentState:
     guest: bool = False
 
     @classmethod
-    def create(cls, root: str, guest: bool = False) -> AgentState:
+    def create(cls, root: str, init_secret: SecretSource, guest: bool = False) -> AgentState:
         fs = RootFS(root)
-        return cls(rootfs=fs, users=UserDB(fs.root), guest=guest)
+        return cls(rootfs=fs, users=UserDB(fs.root), init_secret=init_secret, guest=guest)
 
     def resolve_user(self, name: str | None) -> User:
         """The named user, else the /init default, else ``user`` or root."""
