@@ -9,28 +9,19 @@ build sandbox whose disk is sealed into a template; until that exists they are r
 from __future__ import annotations
 
 import asyncio
-import copy
-import dataclasses
-from collections.abc import Callable, Coroutine
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import AenvError, Conflict, InvalidInput
-from ..images.builds import Build, BuildTracker, LogLevel
-from ..images.catalog import BASE, TemplateCatalog
-from ..images.pull import ImagePuller
+from ..images.builds import LogLevel
+from ..images.catalog import BASE
 from ..images.reference import parse_reference
-from ..images.registry import RegistryClient
-from ..images.templates import TemplateRecord, validate_name
+from ..images.templates import validate_name
+from .deps import BuildsDep, CatalogDep, ConfigDep
 
 router = APIRouter()
-
-# Build tasks run detached from their request; holding them keeps them from being collected.
-_tasks: set[asyncio.Task[None]] = set()
-
 
 # Bounds on what a template may ask for (admission still checks the host has it).
 MAX_VCPUS = 16
@@ -92,17 +83,6 @@ class BuildStart(BaseModel):
     readyCmd: str | None = None
 
 
-def _tracker(request: Request) -> BuildTracker:
-    state = request.app.state
-    if getattr(state, "builds", None) is None:
-        state.builds = BuildTracker()
-    return state.builds
-
-
-def _catalog(request: Request) -> TemplateCatalog:
-    return request.app.state.catalog
-
-
 def _template_name(body: TemplateBuildRequest) -> str:
     if body.name and body.alias and body.name != body.alias:
         raise InvalidInput(f"name {body.name!r} and alias {body.alias!r} differ; send one")
@@ -117,18 +97,18 @@ def _template_name(body: TemplateBuildRequest) -> str:
 
 
 @router.post("/v3/templates", status_code=202)
-async def request_build(request: Request, body: TemplateBuildRequest) -> dict[str, Any]:
+async def request_build(
+    builds: BuildsDep, cfg: ConfigDep, body: TemplateBuildRequest
+) -> dict[str, Any]:
     """Register a build of a template; it starts when the client sends the recipe."""
     name = _template_name(body)
-    tracker = _tracker(request)
-    running = [b for b in tracker.of_template(name) if b.status == "building"]
+    running = [b for b in builds.tracker.of_template(name) if b.status == "building"]
     if running:
         raise Conflict(f"template '{name}' is being built (build {running[-1].build_id})")
-    build = tracker.create(name)
-    build.vcpus, build.memory_mb = body.cpuCount, body.memoryMB
+    build = builds.register(name, body.cpuCount, body.memoryMB)
     if body.minFreeDiskMb is not None:
         # Disks have one size per server; say so in the log the SDK shows, not drop it.
-        disk = request.app.state.config.sandbox.disk_size_mb
+        disk = cfg.sandbox.disk_size_mb
         build.log(
             f"minFreeDiskMb={body.minFreeDiskMb}: per-template disk sizes are not supported; "
             f"sandboxes get the server's {disk} MB disk",
@@ -145,16 +125,18 @@ async def request_build(request: Request, body: TemplateBuildRequest) -> dict[st
 
 
 @router.get("/templates/{template_id}/files/{files_hash}", status_code=201)
-async def file_upload_link(request: Request, template_id: str, files_hash: str) -> None:
+async def file_upload_link(
+    builds: BuildsDep, catalog: CatalogDep, template_id: str, files_hash: str
+) -> None:
     """Upload links for COPY steps, which cannot be built yet: always refused."""
-    builds = _tracker(request).of_template(template_id)
-    if not builds:
-        await asyncio.to_thread(_catalog(request).templates.get, template_id)
+    of_template = builds.tracker.of_template(template_id)
+    if not of_template:
+        await asyncio.to_thread(catalog.templates.get, template_id)
     message = (
         "steps: COPY is not supported yet (build steps need build sandboxes); "
         "bake the files into the image and use from_image"
     )
-    waiting = [b for b in builds if b.status == "waiting"]
+    waiting = [b for b in of_template if b.status == "waiting"]
     if waiting:
         # The SDK gives up on this build here; its status should say why.
         waiting[-1].fail(message)
@@ -196,10 +178,10 @@ def _credentials(body: BuildStart) -> tuple[str, str] | None:
 
 @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
 async def start_build(
-    request: Request, template_id: str, build_id: str, body: BuildStart
+    builds: BuildsDep, template_id: str, build_id: str, body: BuildStart
 ) -> Response:
     """Start a registered build in the background; 202 at once, progress in its status."""
-    build = _tracker(request).get(template_id, build_id)
+    build = builds.tracker.get(template_id, build_id)
     if build.status != "waiting":
         raise Conflict(f"build '{build_id}' was already started ({build.status})")
     refusal = _refusal(body)
@@ -211,93 +193,18 @@ async def start_build(
     if refusal is not None:
         build.fail(refusal)
         raise InvalidInput(refusal)
-    build.start()
     if body.force:
         build.log("force: layers are content-addressed, so a forced build reuses them too")
     if body.fromImage is not None:
-        work = _pull(request, build, body.fromImage, _credentials(body))
+        builds.from_image(build, body.fromImage, _credentials(body))
     else:
-        work = _copy(request, build, body.fromTemplate or "")
-    task = asyncio.create_task(_run(build, work))
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
+        builds.from_template(build, body.fromTemplate or "")
     return Response(status_code=202)
-
-
-async def _run(build: Build, work: Coroutine[Any, Any, None]) -> None:
-    try:
-        await work
-    except AenvError as exc:
-        build.fail(exc.message)
-    except Exception as exc:
-        build.fail(f"build failed: {exc}")
-
-
-async def _pull(
-    request: Request, build: Build, image: str, credentials: tuple[str, str] | None
-) -> None:
-    puller: ImagePuller = request.app.state.puller
-    progress = build.progress()
-    if credentials is None:
-        record = await asyncio.to_thread(puller.pull, image, build.template_id, progress)
-    else:
-        record = await asyncio.to_thread(
-            _pull_with, request.app.state.config, puller, image, credentials, build, progress
-        )
-    sized = _sized(build, record)
-    if sized != record:  # the puller saved the record already; only a size changes it
-        await asyncio.to_thread(_catalog(request).templates.save, sized)
-    build.succeed(f"template {record.template_id} ready: {record.source} ({record.digest})")
-
-
-def _sized(build: Build, record: TemplateRecord) -> TemplateRecord:
-    """`record` with the sandbox size the build asked for (else the one it has)."""
-    return dataclasses.replace(
-        record,
-        vcpus=build.vcpus or record.vcpus,
-        memory_mb=build.memory_mb or record.memory_mb,
-    )
-
-
-def _pull_with(
-    cfg: Any,
-    puller: ImagePuller,
-    image: str,
-    credentials: tuple[str, str],
-    build: Build,
-    progress: Callable[[str], None],
-) -> TemplateRecord:
-    """Pull through a client of this build's own, so its credentials reach no other pull."""
-    ref = parse_reference(image)
-    registry = RegistryClient(
-        credentials={ref.registry: credentials},
-        insecure_registries=cfg.registry.insecure_hosts(),
-        mirrors=cfg.registry.mirror_map(),
-        platform=cfg.registry.platform,
-    )
-    # Same store, templates and per-image locks; only the registry client differs.
-    own = copy.copy(puller)
-    own.registry = registry
-    try:
-        return own.pull(image, build.template_id, progress)
-    finally:
-        registry.close()
-
-
-async def _copy(request: Request, build: Build, parent: str) -> None:
-    templates = _catalog(request).templates
-    record = await asyncio.to_thread(templates.get, parent)
-    build.log(f"from template {parent}: {record.source} ({record.digest})")
-    copied = dataclasses.replace(
-        record, template_id=build.template_id, created_at=datetime.now(UTC).isoformat()
-    )
-    await asyncio.to_thread(templates.save, _sized(build, copied))
-    build.succeed(f"template {build.template_id} ready: a copy of {parent}")
 
 
 @router.get("/templates/{template_id}/builds/{build_id}/status")
 async def build_status(
-    request: Request,
+    builds: BuildsDep,
     template_id: str,
     build_id: str,
     logsOffset: Annotated[int, Query(ge=0)] = 0,
@@ -305,7 +212,7 @@ async def build_status(
     level: LogLevel | None = None,
 ) -> dict[str, Any]:
     """`TemplateBuildInfo`: status, a page of log entries, and why a failed build failed."""
-    build = _tracker(request).get(template_id, build_id)
+    build = builds.tracker.get(template_id, build_id)
     # Read the status first: a build that is finished here has all of its lines logged.
     status = build.status
     page = build.logs(level)[logsOffset : logsOffset + limit]

@@ -10,15 +10,18 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import parse_qsl, unquote
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Query, Response
 
+from ..config import Config
 from ..control.store import SandboxRecord
 from ..errors import AenvError, InvalidInput
 from ..guest.agent import ENVD_VERSION
 from ..images.pull import default_name
 from ..images.reference import parse_reference
 from ..runtime.lifecycle import PUBLIC_STATE
-from ..runtime.manager import CreateRequest, SandboxManager
+from ..runtime.manager import CreateRequest
+from ..runtime.node import Node
+from .deps import ConfigDep, ManagerDep, NodeDep
 from .models import (
     ConnectBody,
     ForkBody,
@@ -39,12 +42,8 @@ router = APIRouter()
 log = logging.getLogger(__name__)
 
 
-def _manager(request: Request) -> SandboxManager:
-    return request.app.state.manager
-
-
-def _domain(request: Request) -> str | None:
-    return request.app.state.config.server.domain or None
+def _domain(cfg: Config) -> str | None:
+    return cfg.server.domain or None
 
 
 def _sandbox(record: SandboxRecord, domain: str | None) -> Sandbox:
@@ -96,25 +95,25 @@ def _decode_cursor(token: str) -> tuple[datetime, str]:
         raise InvalidInput("invalid nextToken") from exc
 
 
-async def _template_for(request: Request, name: str) -> str:
+async def _template_for(node: Node, name: str) -> str:
     """A template name as is; an image reference is pulled first (once) into a template."""
     if not any(c in name for c in "/:@"):
         return name
-    puller = request.app.state.puller
+    puller = node.puller
     ref = parse_reference(name)
-    existing = await asyncio.to_thread(request.app.state.catalog.templates.find, default_name(ref))
+    existing = await asyncio.to_thread(node.catalog.templates.find, default_name(ref))
     if existing is not None:
         return existing.template_id
     record = await asyncio.to_thread(puller.pull, name, None, log.info)
     return record.template_id
 
 
-async def _create(request: Request, body: NewSandbox, secure: bool) -> Sandbox:
-    cfg = request.app.state.config
+async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
+    cfg = node.cfg
     if body.autoResume and body.autoResume.enabled:
         raise InvalidInput("autoResume is not supported yet")
-    template_id = await _template_for(request, body.templateID)
-    record = await _manager(request).create(
+    template_id = await _template_for(node, body.templateID)
+    record = await node.manager.create(
         CreateRequest(
             template_id=template_id,
             timeout=cfg.sandbox.default_timeout if body.timeout is None else body.timeout,
@@ -125,24 +124,24 @@ async def _create(request: Request, body: NewSandbox, secure: bool) -> Sandbox:
             secure=secure,
         )
     )
-    return _sandbox(record, _domain(request))
+    return _sandbox(record, _domain(cfg))
 
 
 @router.post("/v2/sandboxes", status_code=201, response_model_exclude_none=False)
-async def create_sandbox_v2(request: Request, body: NewSandbox) -> Sandbox:
+async def create_sandbox_v2(node: NodeDep, body: NewSandbox) -> Sandbox:
     """Always secured, as E2B's v2 create is: SDK 2.51+ no longer sends `secure` at all."""
-    return await _create(request, body, secure=True)
+    return await _create(node, body, secure=True)
 
 
 @router.post("/sandboxes", status_code=201)
-async def create_sandbox(request: Request, body: NewSandbox) -> Sandbox:
+async def create_sandbox(node: NodeDep, body: NewSandbox) -> Sandbox:
     """SDKs up to 2.50 send `secure` (true unless asked otherwise)."""
-    return await _create(request, body, secure=body.secure)
+    return await _create(node, body, secure=body.secure)
 
 
 @router.get("/v2/sandboxes")
 async def list_sandboxes_v2(
-    request: Request,
+    manager: ManagerDep,
     response: Response,
     metadata: str | None = None,
     state: Annotated[list[str] | None, Query()] = None,
@@ -156,7 +155,7 @@ async def list_sandboxes_v2(
     wanted_meta = parse_metadata_filter(metadata)
     records = [
         r
-        for r in await _manager(request).list()
+        for r in await manager.list()
         if (not wanted_states or PUBLIC_STATE[r.state] in wanted_states)
         and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
     ]
@@ -174,105 +173,109 @@ async def list_sandboxes_v2(
 
 
 @router.get("/sandboxes")
-async def list_sandboxes_v1(request: Request, metadata: str | None = None) -> list[ListedSandbox]:
+async def list_sandboxes_v1(
+    manager: ManagerDep, metadata: str | None = None
+) -> list[ListedSandbox]:
     """SDK 1.x: running sandboxes only, unpaginated."""
     wanted_meta = parse_metadata_filter(metadata)
     return [
         ListedSandbox(**_listed_fields(r))
-        for r in await _manager(request).list()
+        for r in await manager.list()
         if PUBLIC_STATE[r.state] == "running"
         and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
     ]
 
 
 @router.get("/sandboxes/{sandbox_id}")
-async def get_sandbox(request: Request, sandbox_id: str) -> SandboxDetail:
-    record = await _manager(request).get(sandbox_id)
+async def get_sandbox(manager: ManagerDep, cfg: ConfigDep, sandbox_id: str) -> SandboxDetail:
+    record = await manager.get(sandbox_id)
     return SandboxDetail(
         **_listed_fields(record),
         envdAccessToken=record.access_token,
         allowInternetAccess=record.allow_internet,
-        domain=_domain(request),
+        domain=_domain(cfg),
         lifecycle=Lifecycle(autoResume=False, onTimeout="pause" if record.auto_pause else "kill"),
     )
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)
-async def kill_sandbox(request: Request, sandbox_id: str) -> Response:
-    await _manager(request).kill(sandbox_id)
+async def kill_sandbox(manager: ManagerDep, sandbox_id: str) -> Response:
+    await manager.kill(sandbox_id)
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
-async def set_timeout(request: Request, sandbox_id: str, body: TimeoutBody) -> Response:
-    await _manager(request).set_timeout(sandbox_id, body.timeout)
+async def set_timeout(manager: ManagerDep, sandbox_id: str, body: TimeoutBody) -> Response:
+    await manager.set_timeout(sandbox_id, body.timeout)
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/refreshes", status_code=204)
-async def refresh(request: Request, sandbox_id: str, body: RefreshBody | None = None) -> Response:
-    await _manager(request).refresh(sandbox_id, (body or RefreshBody()).duration)
+async def refresh(
+    manager: ManagerDep, sandbox_id: str, body: RefreshBody | None = None
+) -> Response:
+    await manager.refresh(sandbox_id, (body or RefreshBody()).duration)
     return Response(status_code=204)
 
 
 @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
 async def pause_sandbox(
-    request: Request, sandbox_id: str, body: PauseBody | None = None
+    manager: ManagerDep, sandbox_id: str, body: PauseBody | None = None
 ) -> Response:
     if body is not None and not body.memory:
         raise InvalidInput("filesystem-only pause (memory=false) is not supported")
-    await _manager(request).pause(sandbox_id)
+    await manager.pause(sandbox_id)
     return Response(status_code=204)
 
 
-def _resume_timeout(request: Request, body: ConnectBody | None) -> int:
+def _resume_timeout(cfg: Config, body: ConnectBody | None) -> int:
     body = body or ConnectBody()
     if not body.memory:
         raise InvalidInput("resuming by reboot (memory=false) is not supported")
-    cfg = request.app.state.config
     return cfg.sandbox.default_timeout if body.timeout is None else body.timeout
 
 
 async def _connect(
-    request: Request, response: Response, sandbox_id: str, body: ConnectBody | None
-) -> tuple[Sandbox, bool]:
-    record, resumed = await _manager(request).connect(sandbox_id, _resume_timeout(request, body))
+    node: Node, response: Response, sandbox_id: str, body: ConnectBody | None
+) -> Sandbox:
+    timeout = _resume_timeout(node.cfg, body)
+    record, resumed = await node.manager.connect(sandbox_id, timeout)
     response.status_code = 201 if resumed else 200
-    return _sandbox(record, _domain(request)), resumed
+    return _sandbox(record, _domain(node.cfg))
 
 
 @router.post("/v2/sandboxes/{sandbox_id}/connect", status_code=200)
 async def connect_sandbox_v2(
-    request: Request, response: Response, sandbox_id: str, body: ConnectBody | None = None
+    node: NodeDep, response: Response, sandbox_id: str, body: ConnectBody | None = None
 ) -> Sandbox:
     """Resume if paused (201) or return the running sandbox (200)."""
-    return (await _connect(request, response, sandbox_id, body))[0]
+    return await _connect(node, response, sandbox_id, body)
 
 
 @router.post("/sandboxes/{sandbox_id}/connect", status_code=200)
 async def connect_sandbox(
-    request: Request, response: Response, sandbox_id: str, body: ConnectBody | None = None
+    node: NodeDep, response: Response, sandbox_id: str, body: ConnectBody | None = None
 ) -> Sandbox:
-    return (await _connect(request, response, sandbox_id, body))[0]
+    return await _connect(node, response, sandbox_id, body)
 
 
 @router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
 async def resume_sandbox(
-    request: Request, sandbox_id: str, body: ConnectBody | None = None
+    node: NodeDep, sandbox_id: str, body: ConnectBody | None = None
 ) -> Sandbox:
     """SDK 2.0-2.5: resume a paused sandbox; a running one is a 409."""
-    record = await _manager(request).resume(sandbox_id, _resume_timeout(request, body))
-    return _sandbox(record, _domain(request))
+    record = await node.manager.resume(sandbox_id, _resume_timeout(node.cfg, body))
+    return _sandbox(record, _domain(node.cfg))
 
 
 @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
 async def fork_sandbox(
-    request: Request, sandbox_id: str, body: ForkBody | None = None
+    node: NodeDep, sandbox_id: str, body: ForkBody | None = None
 ) -> list[dict[str, Any]]:
     """Checkpoint the sandbox in place and start `count` forks; one result per fork."""
     body = body or ForkBody()
-    results = await _manager(request).fork(sandbox_id, body.count, body.timeout)
-    domain = _domain(request)
+    results = await node.manager.fork(sandbox_id, body.count, body.timeout)
+    domain = _domain(node.cfg)
     out: list[dict[str, Any]] = []
     for result in results:
         if isinstance(result, SandboxRecord):
@@ -286,10 +289,10 @@ async def fork_sandbox(
 
 @router.get("/sandboxes/{sandbox_id}/metrics")
 async def sandbox_metrics(
-    request: Request, sandbox_id: str, start: int | None = None, end: int | None = None
+    manager: ManagerDep, sandbox_id: str, start: int | None = None, end: int | None = None
 ) -> list[SandboxMetric]:
     """The current sample (no history is kept yet), if it falls in [start, end]."""
-    sample = await _manager(request).metrics(sandbox_id)
+    sample = await manager.metrics(sandbox_id)
     if sample is None:
         return []
     ts = int(sample["ts"])

@@ -7,15 +7,16 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..config import Config
 from ..errors import AenvError, Conflict
 from ..images.catalog import BASE, TemplateCatalog
-from ..images.pull import ImagePuller
 from ..images.reference import parse_reference
 from ..images.templates import TemplateRecord
+from .deps import CatalogDep, ConfigDep, PullerDep
 
 router = APIRouter()
 
@@ -25,10 +26,6 @@ class PullBody(BaseModel):
 
     image: str = Field(min_length=1, max_length=512)
     name: str | None = Field(default=None, max_length=63)
-
-
-def _catalog(request: Request) -> TemplateCatalog:
-    return request.app.state.catalog
 
 
 def template_json(record: TemplateRecord, cfg: Any) -> dict[str, Any]:
@@ -65,56 +62,52 @@ def _base_json(cfg: Any) -> dict[str, Any]:
     }
 
 
-async def _all(request: Request) -> list[dict[str, Any]]:
-    cfg = request.app.state.config
-    records = await asyncio.to_thread(_catalog(request).templates.list)
+async def _all(catalog: TemplateCatalog, cfg: Config) -> list[dict[str, Any]]:
+    records = await asyncio.to_thread(catalog.templates.list)
     return [_base_json(cfg)] + [template_json(r, cfg) for r in records]
 
 
 @router.get("/v2/templates")
-async def list_templates_v2(request: Request) -> list[dict[str, Any]]:
-    return await _all(request)
+async def list_templates_v2(catalog: CatalogDep, cfg: ConfigDep) -> list[dict[str, Any]]:
+    return await _all(catalog, cfg)
 
 
 @router.get("/templates")
-async def list_templates(request: Request) -> list[dict[str, Any]]:
-    return await _all(request)
+async def list_templates(catalog: CatalogDep, cfg: ConfigDep) -> list[dict[str, Any]]:
+    return await _all(catalog, cfg)
 
 
 @router.get("/templates/aliases/{alias}")
-async def template_alias(request: Request, alias: str) -> dict[str, Any]:
+async def template_alias(catalog: CatalogDep, alias: str) -> dict[str, Any]:
     if alias != BASE:
-        await asyncio.to_thread(_catalog(request).templates.get, alias)
+        await asyncio.to_thread(catalog.templates.get, alias)
     return {"templateID": alias, "public": alias == BASE}
 
 
 @router.get("/templates/{template_id}")
-async def get_template(request: Request, template_id: str) -> dict[str, Any]:
-    cfg = request.app.state.config
+async def get_template(catalog: CatalogDep, cfg: ConfigDep, template_id: str) -> dict[str, Any]:
     if template_id == BASE:
         return _base_json(cfg)
-    record = await asyncio.to_thread(_catalog(request).templates.get, template_id)
+    record = await asyncio.to_thread(catalog.templates.get, template_id)
     return template_json(record, cfg)
 
 
 @router.delete("/templates/{template_id}", status_code=204)
-async def delete_template(request: Request, template_id: str) -> Response:
+async def delete_template(catalog: CatalogDep, template_id: str) -> Response:
     if template_id == BASE:
         raise Conflict("the built-in 'base' template cannot be deleted")
-    await asyncio.to_thread(_catalog(request).templates.delete, template_id)
+    await asyncio.to_thread(catalog.templates.delete, template_id)
     return Response(status_code=204)
 
 
 @router.post("/templates/pull")
-async def pull_template(request: Request, body: PullBody) -> StreamingResponse:
+async def pull_template(puller: PullerDep, cfg: ConfigDep, body: PullBody) -> StreamingResponse:
     """Pull an OCI image into a template; streams NDJSON progress, then the template."""
-    puller: ImagePuller = request.app.state.puller
     ref = parse_reference(body.image)
     # Resolve up front so a missing image or bad credentials get their own status.
     await asyncio.to_thread(puller.registry.resolve, ref)
     queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
     loop = asyncio.get_running_loop()
-    cfg = request.app.state.config
 
     def progress(line: str) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, {"progress": line})

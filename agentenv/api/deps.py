@@ -1,0 +1,46 @@
+"""What routes receive by dependency: the node runtime and its services."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from ..config import Config
+from ..images.builder import TemplateBuilds
+from ..images.catalog import TemplateCatalog
+from ..images.pull import ImagePuller
+from ..runtime.manager import SandboxManager
+from ..runtime.node import Node
+
+
+def _node(request: Request) -> Node:
+    return request.app.state.node
+
+
+def _config(request: Request) -> Config:
+    return request.app.state.config
+
+
+def _manager(request: Request) -> SandboxManager:
+    return _node(request).manager
+
+
+def _catalog(request: Request) -> TemplateCatalog:
+    return _node(request).catalog
+
+
+def _puller(request: Request) -> ImagePuller:
+    return _node(request).puller
+
+
+def _builds(request: Request) -> TemplateBuilds:
+    return _node(request).builds
+
+
+NodeDep = Annotated[Node, Depends(_node)]
+ConfigDep = Annotated[Config, Depends(_config)]
+ManagerDep = Annotated[SandboxManager, Depends(_manager)]
+CatalogDep = Annotated[TemplateCatalog, Depends(_catalog)]
+PullerDep = Annotated[ImagePuller, Depends(_puller)]
+BuildsDep = Annotated[TemplateBuilds, Depends(_builds)]

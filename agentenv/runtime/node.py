@@ -1,0 +1,126 @@
+"""One machine's runtime: kit, accelerator, stores, block daemon, VMM driver, sandboxes.
+
+`Node.open` brings the parts up in dependency order and `close` takes them down in
+reverse; the API only receives the services it serves (`manager`, `catalog`, `builds`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from ..config import Config
+from ..control.store import SqliteSandboxStore
+from ..errors import Unavailable
+from ..guest.kit import load_kit
+from ..images.builder import TemplateBuilds
+from ..images.catalog import TemplateCatalog
+from ..images.pull import ImagePuller
+from ..images.registry import RegistryClient
+from ..images.templates import TemplateRegistry
+from ..net.netns import ensure_host_forwarding
+from ..storage.blockd import BlockdClient
+from ..storage.stores import open_object_store
+from ..vmm.accel import AccelChoice, choose_accel
+from ..vmm.qemu import QemuDriver, run_dir_for
+from .bootsnap import BootSnapshots, Shape
+from .manager import SandboxManager, guest_kernel_args
+from .recovery import recover
+from .sweeper import run_sweeper
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    """Made by `Node.open`, ended by `close`; the VMs and the block daemon outlive it."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        accelerator: AccelChoice,
+        manager: SandboxManager,
+        catalog: TemplateCatalog,
+        puller: ImagePuller,
+        builds: TemplateBuilds,
+        stack: contextlib.AsyncExitStack,
+    ) -> None:
+        self.cfg = cfg
+        self.accelerator = accelerator
+        self.manager = manager
+        self.catalog = catalog
+        self.puller = puller
+        self.builds = builds
+        self._stack = stack
+
+    @classmethod
+    async def open(cls, cfg: Config) -> Node:
+        stack = contextlib.AsyncExitStack()
+        try:
+            return await cls._open(cfg, stack)
+        except BaseException:
+            await stack.aclose()
+            raise
+
+    @classmethod
+    async def _open(cls, cfg: Config, stack: contextlib.AsyncExitStack) -> Node:
+        kit = load_kit(cfg)
+        if kit is None:
+            raise Unavailable("the guest kit is not built: run `aenv kit build` (or `make run`)")
+        accel = await asyncio.to_thread(
+            choose_accel,
+            cfg.vmm.accel,
+            cfg.vmm.qemu_binary,
+            kit.kernel,
+            cfg.kit_dir,
+            cfg.vmm.kvm_probe_timeout,
+        )
+        log.info("accelerator: %s (%s)", accel.name, accel.reason)
+        objects = open_object_store(cfg)
+        templates = TemplateRegistry(objects)
+        blockd = BlockdClient(cfg)
+        await asyncio.to_thread(blockd.ensure_running)
+        catalog = TemplateCatalog(cfg, templates, blockd)
+        registry = RegistryClient(
+            docker_config=Path(cfg.registry.auth_file) if cfg.registry.auth_file else None,
+            insecure_registries=cfg.registry.insecure_hosts(),
+            mirrors=cfg.registry.mirror_map(),
+            platform=cfg.registry.platform,
+        )
+        stack.callback(registry.close)
+        puller = ImagePuller(
+            objects, registry, templates, cfg.home / "pull", cfg.sandbox.disk_size_mb * 2**20
+        )
+        store = SqliteSandboxStore(cfg.state_db)
+        stack.push_async_callback(store.close)
+        driver = QemuDriver(cfg.vmm.qemu_binary, accel.name, run_dir_for(cfg.home))
+        snapshots = None
+        if cfg.sandbox.boot_snapshots:
+            snapshots = BootSnapshots(
+                cfg.kit_dir / "boot-snapshots",
+                kit,
+                driver,
+                guest_kernel_args(cfg),
+                accel.name,
+                cfg.sandbox.boot_timeout,
+            )
+            stack.push_async_callback(snapshots.close)
+            snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
+        manager = SandboxManager(cfg, store, driver, kit, catalog, snapshots)
+        await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix)
+        await recover(manager)
+        builds = TemplateBuilds(cfg, catalog, puller, manager.capacity.max_vcpus)
+        stack.push_async_callback(builds.close)
+        sweeper = asyncio.create_task(run_sweeper(manager))
+        stack.push_async_callback(_cancelled, sweeper)
+        return cls(cfg, accel, manager, catalog, puller, builds, stack)
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
