@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config import SandboxConfig
 from ..errors import Unavailable
 from ..guest.client import AgentClient
-from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
+from ..vmm.driver import Launched, VmHandle, VmmDriver, VmmError, VmSpec
 from .bootsnap import BootSnapshots, Shape
 
 log = logging.getLogger(__name__)
@@ -46,10 +46,12 @@ class VmLauncher:
             snapshots.discard(shape)
         return await self._boot_fresh(spec, agent)
 
-    async def restore(self, spec: VmSpec, agent: AgentClient, saved: Path) -> VmHandle:
+    async def restore(
+        self, spec: VmSpec, agent: AgentClient, saved: Path, launched: Launched | None = None
+    ) -> VmHandle:
         """`spec` restored from the state in `saved`, its agent answering; raises VmmError or
         TimeoutError after stopping the VM again."""
-        handle = await self.driver.restore(spec, saved)
+        handle = await self.driver.restore(spec, saved, launched)
         try:
             await self._await_agent(handle, agent, RESTORE_TIMEOUT, poll=0.02)
         except BaseException:

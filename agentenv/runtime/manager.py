@@ -498,8 +498,9 @@ class SandboxManager:
         snapshot = self.snapshot_dir(record.sandbox_id)
         agent = self.agent(record)
         try:
-            handle = await self.launcher.restore(spec, agent, snapshot)
-            await self._save_vm(record, handle, kit)
+            handle = await self.launcher.restore(
+                spec, agent, snapshot, launched=lambda vm: self._save_vm(record, vm, kit)
+            )
             crash_point("resume.restored")
             try:
                 # The guest's clock stood still while it was paused; /init sets it again.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,6 +59,11 @@ class VmHandle:
         return Path(self.workdir) / "console.log"
 
 
+# Told of a restoring VM's handle before its guest can run, so a crash never leaves a
+# running guest that nobody recorded.
+Launched = Callable[[VmHandle], Awaitable[None]]
+
+
 class VmmError(RuntimeError):
     """A VMM operation failed; the message names the step."""
 
@@ -100,7 +106,9 @@ class VmmDriver(Protocol):
         """Let a paused VM run again."""
         ...
 
-    async def restore(self, spec: VmSpec, snapshot_dir: Path) -> VmHandle:
+    async def restore(
+        self, spec: VmSpec, snapshot_dir: Path, launched: Launched | None = None
+    ) -> VmHandle:
         """Start `spec` from the device state `pause` wrote to `snapshot_dir`, and the RAM
         in `snapshot_dir` if there is one there (a clone), else the VM's own; running on
         return. Restoring a VM's own RAM consumes the saved state as the guest starts."""

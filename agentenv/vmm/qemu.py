@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 
 from ..crashpoints import crash_point
-from .driver import VmHandle, VmmError, VmSpec
+from .driver import Launched, VmHandle, VmmError, VmSpec
 from .qemuimg import copy_sparse
 from .qmp import QmpClient
 
@@ -176,7 +176,9 @@ class QemuDriver:
     async def boot(self, spec: VmSpec) -> VmHandle:
         return await self._launch(spec, incoming=False)
 
-    async def restore(self, spec: VmSpec, snapshot_dir: Path) -> VmHandle:
+    async def restore(
+        self, spec: VmSpec, snapshot_dir: Path, launched: Launched | None = None
+    ) -> VmHandle:
         spec.workdir.mkdir(parents=True, exist_ok=True)
         # A clone writes its own RAM: copy the snapshot's (sparse) memory file. A paused VM
         # has none there: its own RAM file in its workdir is still what it was.
@@ -190,6 +192,8 @@ class QemuDriver:
                 raise VmmError(f"copying the snapshot's memory failed: {exc}") from exc
         handle = await self._launch(spec, incoming=True)
         try:
+            if launched is not None:
+                await launched(handle)
             client = await QmpClient.connect(Path(handle.extra["qmp"]))
             try:
                 await _ignore_shared_ram(client)
