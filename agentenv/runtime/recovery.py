@@ -66,8 +66,8 @@ class _Found:
 async def _running(found: _Found) -> Outcome:
     if found.vm is None:
         return await found.remove()
-    found.manager.adopt(found.record)
-    return Outcome.RUNNING
+    # `cont` of a running guest changes nothing; a frozen one must not be served frozen.
+    return await found.run_vm()
 
 
 async def _paused(found: _Found) -> Outcome:

@@ -1,0 +1,176 @@
+"""Fakes of the runtime's dependencies (VMM driver, guest agent, network, catalog) and a
+manager built on them, so lifecycle failure paths run as fast unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentenv.config import Config
+from agentenv.control.store import SqliteSandboxStore
+from agentenv.guest.kit import Kit
+from agentenv.images.catalog import Template
+from agentenv.runtime import manager as manager_module
+from agentenv.runtime.manager import CreateRequest, SandboxManager
+from agentenv.vmm.driver import Launched, VmHandle, VmSpec
+
+VMSTATE, CONSUMED = "vmstate", "vmstate.consumed"
+
+
+class FakeDriver:
+    """VMs as pids in a set; `fail[op]` makes an operation raise, `gate[op]` holds it."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.alive: dict[int, Path] = {}
+        self.frozen: set[int] = set()
+        self.fail: dict[str, Exception] = {}
+        self.gate: dict[str, asyncio.Event] = {}
+        self._pids = itertools.count(1000)
+
+    async def _step(self, op: str) -> None:
+        if op in self.gate:
+            await self.gate[op].wait()
+        if op in self.fail:
+            raise self.fail[op]
+
+    def _handle(self, spec: VmSpec) -> VmHandle:
+        pid = next(self._pids)
+        self.alive[pid] = spec.workdir
+        return VmHandle(driver=self.name, pid=pid, workdir=str(spec.workdir), accel="fake")
+
+    async def boot(self, spec: VmSpec) -> VmHandle:
+        await self._step("boot")
+        return self._handle(spec)
+
+    async def restore(
+        self, spec: VmSpec, snapshot_dir: Path, launched: Launched | None = None
+    ) -> VmHandle:
+        handle = self._handle(spec)
+        if launched is not None:
+            await launched(handle)
+        in_place = not (snapshot_dir / "memory").exists()
+        try:
+            await self._step("load")  # the device state loads; the guest has not run
+            if in_place:
+                (snapshot_dir / VMSTATE).rename(snapshot_dir / CONSUMED)
+            await self._step("restore")  # the guest runs
+        except BaseException:
+            await self.stop(handle)
+            raise
+        return handle
+
+    async def stop(self, handle: VmHandle) -> None:
+        self.alive.pop(handle.pid, None)
+        self.frozen.discard(handle.pid)
+
+    def is_alive(self, handle: VmHandle) -> bool:
+        return handle.pid in self.alive
+
+    def running_vms(self, root: Path) -> dict[Path, int]:
+        return {workdir: pid for pid, workdir in self.alive.items() if workdir.parent == root}
+
+    async def kill_pid(self, pid: int) -> None:
+        self.alive.pop(pid, None)
+
+    def reclaim_control_files(self) -> int:
+        return 0
+
+    async def pause(self, handle: VmHandle, snapshot_dir: Path) -> None:
+        self.frozen.add(handle.pid)
+        await self._step("pause")
+        snapshot_dir.mkdir(parents=True, exist_ok=True)
+        (snapshot_dir / VMSTATE).write_text("device state")
+
+    async def resume(self, handle: VmHandle) -> None:
+        self.frozen.discard(handle.pid)
+
+    def saved_state_intact(self, snapshot_dir: Path) -> bool:
+        return (snapshot_dir / VMSTATE).is_file()
+
+    async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:
+        return None
+
+
+@dataclass
+class FakeAgent:
+    healthy_answer: bool = True
+    init_error: Exception | None = None
+    inits: list[dict[str, Any]] = field(default_factory=list)
+
+    async def healthy(self) -> bool:
+        return self.healthy_answer
+
+    async def init(self, env_vars: dict[str, str], token: str | None, **_: Any) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+        self.inits.append(env_vars)
+
+
+class FakeCatalog:
+    def __init__(self, rootfs: Path) -> None:
+        self.rootfs = rootfs
+
+    def resolve(self, name: str) -> Template:
+        return Template(template_id=name, alias=None, rootfs=self.rootfs, rootfs_format="raw")
+
+
+@dataclass
+class Harness:
+    manager: SandboxManager
+    driver: FakeDriver
+    agent: FakeAgent
+    networks: set[str]
+
+    async def create(self) -> str:
+        record = await self.manager.create(CreateRequest(template_id="base", timeout=60))
+        return record.sandbox_id
+
+    async def state(self, sandbox_id: str) -> str | None:
+        record = await self.manager.store.get(sandbox_id)
+        return None if record is None else record.state.value
+
+
+async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harness:
+    cfg = Config()
+    cfg.paths.home = str(tmp_path / "home")
+    cfg.sandbox.boot_snapshots = False
+    cfg.sandbox.memory_mb = 256
+    networks: set[str] = set()
+
+    async def create_network(plan: Any, allow_internet: bool) -> None:
+        networks.add(plan.netns)
+
+    async def destroy_network(netns: str, host_veth: str | None = None) -> None:
+        networks.discard(netns)
+
+    async def create_qcow2(path: Path, *_: Any, **__: Any) -> None:
+        path.write_bytes(b"qcow2")
+
+    monkeypatch.setattr(manager_module, "create_network", create_network)
+    monkeypatch.setattr(manager_module, "destroy_network", destroy_network)
+    monkeypatch.setattr(manager_module, "create_qcow2", create_qcow2)
+    rootfs = tmp_path / "rootfs.ext4"
+    rootfs.write_bytes(b"\0" * 4096)
+    kit = Kit(tmp_path / "vmlinuz", tmp_path / "initrd", tmp_path / "runtime.ext4", "kit1")
+    store = SqliteSandboxStore(cfg.state_db)
+    driver = FakeDriver()
+    manager = SandboxManager(cfg, store, driver, kit, FakeCatalog(rootfs))  # type: ignore[arg-type]
+    agent = FakeAgent()
+    monkeypatch.setattr(manager, "agent", lambda record: agent)
+
+    real_start = manager.launcher.start
+
+    async def start(spec: VmSpec, agent_: Any, restorable: bool) -> VmHandle:
+        handle = await real_start(spec, agent_, restorable)
+        (spec.workdir / "memory").write_bytes(b"ram")
+        return handle
+
+    monkeypatch.setattr(manager.launcher, "start", start)
+    return Harness(manager, driver, agent, networks)

@@ -1,0 +1,169 @@
+"""Lifecycle operations on fakes: every failure, kill and crash ends in a state the table
+names, with nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentenv.errors import Conflict, Unavailable
+from agentenv.runtime.lifecycle import State
+from agentenv.runtime.manager import GuestLost
+from agentenv.runtime.recovery import recover
+from agentenv.vmm.driver import VmHandle, VmmError
+
+from .fakes import Harness, make_harness
+
+
+@pytest.fixture
+async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harness:
+    return await make_harness(tmp_path, monkeypatch)
+
+
+def gone(h: Harness, sandbox_id: str) -> bool:
+    workdir = h.manager.workdir(sandbox_id)
+    return not workdir.exists() and not h.driver.alive and not h.networks
+
+
+async def test_create_that_fails_at_init_leaves_nothing(h: Harness) -> None:
+    h.agent.init_error = httpx.ConnectError("agent went away")
+    with pytest.raises(httpx.ConnectError):
+        await h.create()
+    assert await h.manager.store.list() == []
+    assert not h.driver.alive and not h.networks
+    assert list(h.manager.cfg.sandboxes_dir.iterdir()) == []
+
+
+async def test_failed_pause_resumes_the_guest_and_keeps_it_running(h: Harness) -> None:
+    sid = await h.create()
+    h.driver.fail["pause"] = VmmError("migration failed")
+    with pytest.raises(VmmError):
+        await h.manager.pause(sid)
+    assert await h.state(sid) == "running"
+    assert h.manager.route(sid) is not None
+    assert h.driver.alive and not h.driver.frozen
+
+
+async def test_kill_cancels_a_stuck_pause(h: Harness) -> None:
+    sid = await h.create()
+    h.driver.gate["pause"] = asyncio.Event()  # never set: the VMM hangs
+    pausing = asyncio.create_task(h.manager.pause(sid))
+    await asyncio.sleep(0.01)
+    assert await h.state(sid) == "pausing"
+    await asyncio.wait_for(h.manager.kill(sid), 5)
+    with pytest.raises(Conflict, match="killed"):
+        await pausing
+    assert await h.state(sid) is None
+    assert gone(h, sid)
+
+
+async def test_kill_cancels_a_create_under_way(h: Harness) -> None:
+    h.driver.gate["boot"] = asyncio.Event()
+    creating = asyncio.create_task(h.create())
+    await asyncio.sleep(0.01)
+    (record,) = await h.manager.store.list()
+    assert record.state == State.CREATING
+    await asyncio.wait_for(h.manager.kill(record.sandbox_id), 5)
+    with pytest.raises(Conflict):
+        await creating
+    assert await h.manager.store.list() == []
+    assert gone(h, record.sandbox_id)
+
+
+async def test_resume_refused_before_the_guest_ran_stays_paused(h: Harness) -> None:
+    sid = await h.create()
+    await h.manager.pause(sid)
+    h.driver.fail["load"] = VmmError("QEMU refused the state")
+    with pytest.raises(Unavailable, match="could not be resumed"):
+        await h.manager.resume(sid, 60)
+    assert await h.state(sid) == "paused"
+    assert h.driver.saved_state_intact(h.manager.snapshot_dir(sid))
+    # Once the VMM is fine again, the very same state resumes.
+    del h.driver.fail["load"]
+    await h.manager.resume(sid, 60)
+    assert await h.state(sid) == "running"
+
+
+async def test_resume_that_fails_after_the_guest_ran_kills_the_sandbox(h: Harness) -> None:
+    sid = await h.create()
+    await h.manager.pause(sid)
+    h.agent.init_error = httpx.ReadTimeout("no answer")
+    with pytest.raises(GuestLost):
+        await h.manager.resume(sid, 60)
+    assert await h.state(sid) is None
+    assert gone(h, sid)
+
+
+async def test_concurrent_creates_are_admitted_one_at_a_time(h: Harness) -> None:
+    h.manager.capacity = type(h.manager.capacity)(memory_mb=300, disk_mb=10**9, max_vcpus=4)
+    results = await asyncio.gather(h.create(), h.create(), return_exceptions=True)
+    assert sum(isinstance(r, str) for r in results) == 1
+    assert sum(isinstance(r, Unavailable) for r in results) == 1
+
+
+async def test_resume_is_admitted_like_a_create(h: Harness) -> None:
+    h.manager.capacity = type(h.manager.capacity)(memory_mb=300, disk_mb=10**9, max_vcpus=4)
+    first = await h.create()
+    await h.manager.pause(first)
+    await h.create()
+    with pytest.raises(Unavailable, match="not enough host memory"):
+        await h.manager.resume(first, 60)
+    assert await h.state(first) == "paused"
+
+
+# -- recovery: one rule per state ---------------------------------------------------------
+
+
+async def crashed_in(h: Harness, state: State, *, saved: bool, alive: bool) -> str:
+    """A sandbox as a dead server left it: `state`, its VM alive or not, its state saved."""
+    sid = await h.create()
+    record = await h.manager.store.get(sid)
+    assert record is not None and record.vm is not None
+    handle = VmHandle.from_dict(record.vm)
+    snapshot = h.manager.snapshot_dir(sid)
+    if saved:
+        snapshot.mkdir(exist_ok=True)
+        (snapshot / "vmstate").write_text("device state")
+    if alive:
+        h.driver.frozen.add(handle.pid)
+    else:
+        await h.driver.stop(handle)
+    await h.manager.store.update(sid, state=state)
+    h.manager._routes.clear()
+    return sid
+
+
+@pytest.mark.parametrize(
+    ("state", "saved", "alive", "outcome", "runs"),
+    [
+        (State.CREATING, False, True, None, False),
+        (State.RUNNING, False, True, "running", True),
+        (State.RUNNING, False, False, None, False),
+        (State.PAUSING, True, True, "paused", False),
+        (State.PAUSING, False, True, "running", True),
+        (State.PAUSING, False, False, None, False),
+        (State.PAUSED, True, False, "paused", False),
+        (State.PAUSED, False, False, None, False),
+        (State.RESUMING, True, False, "paused", False),
+        (State.RESUMING, False, True, "running", True),
+        (State.RESUMING, False, False, None, False),
+        (State.CHECKPOINTING, False, True, "running", True),
+        (State.KILLING, False, True, None, False),
+    ],
+)
+async def test_recovery_rule(
+    h: Harness, state: State, saved: bool, alive: bool, outcome: str | None, runs: bool
+) -> None:
+    sid = await crashed_in(h, state, saved=saved, alive=alive)
+    (h.manager.cfg.home / "forks" / "dead-checkpoint").mkdir(parents=True)
+    report = await recover(h.manager)
+    assert await h.state(sid) == outcome
+    assert (h.manager.route(sid) is not None) == runs
+    # A sandbox that runs is continued; a paused one holds no VMM; a gone one holds nothing.
+    assert bool(h.driver.alive) == runs and not h.driver.frozen
+    if outcome is None:
+        assert gone(h, sid) and report.removed == [sid]
+    assert not list((h.manager.cfg.home / "forks").iterdir())
