@@ -71,6 +71,11 @@ class NetConfig:
     guest_ip: str = "169.254.0.21"
     guest_gateway: str = "169.254.0.22"
     guest_prefix: int = 30
+    # Guests reach the internet only; these comma-separated CIDRs (private, link-local...)
+    # are opened too. The host's own addresses and other sandboxes stay closed regardless.
+    allowed_ranges: str = ""
+    # Where guests' DNS queries to their gateway go; empty means the host's resolver.
+    dns_server: str = ""
 
 
 @dataclass

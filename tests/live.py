@@ -21,6 +21,8 @@ from agentenv.runtime.bootsnap import complete_snapshots
 from agentenv.storage.blockd import BlockdClient
 from agentenv.vmm.qemu import run_dir_for
 
+from .netlab import remove_host_chains
+
 TEST_KEY = "e2b_" + "5" * 40
 AENV = str(Path(sys.executable).with_name("aenv"))
 
@@ -113,12 +115,7 @@ class LiveServer:
         self.stop()
         # The block daemon outlives the server by design; the test's home goes, so must it.
         BlockdClient(load_config(env=self.env)).stop()
-        for table, parent, chain in (
-            ("filter", "FORWARD", f"{self.prefix.upper()}-FORWARD"),
-            ("nat", "POSTROUTING", f"{self.prefix.upper()}-POSTROUTING"),
-        ):
-            for args in (["-D", parent, "-j", chain], ["-F", chain], ["-X", chain]):
-                subprocess.run(["iptables", "-t", table, *args], capture_output=True, check=False)
+        remove_host_chains(self.prefix, self.network[1])
 
     @property
     def api_key(self) -> str:

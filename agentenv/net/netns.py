@@ -2,66 +2,33 @@
 
 Every guest has the same address (clones of one snapshot are identical). The host reaches
 a guest through the namespace's end of the veth, which DNATs to the guest; egress from the
-guest is SNATed to that address and masqueraded on the host's default route.
+guest is SNATed to that address and masqueraded on the host's default route. What the guest
+may reach is decided in `policy`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-from dataclasses import dataclass
 from pathlib import Path
 
-TAP_NAME = "tap0"
-GATEWAY_MAC = "02:fc:00:00:00:01"
+from .plan import GATEWAY_MAC, TAP_NAME, NetworkError, NetworkPlan, plan_network
+from .policy import EgressPolicy, host_chains, namespace_rules
+
+# The runtime and tools import these from here.
+__all__ = [
+    "TAP_NAME",
+    "NetworkError",
+    "NetworkPlan",
+    "apply_policy",
+    "create_detached_tap",
+    "create_network",
+    "destroy_network",
+    "ensure_host_forwarding",
+    "list_namespaces",
+    "plan_network",
+]
+
 _NETNS_DIR = Path("/run/netns")
-
-
-class NetworkError(RuntimeError):
-    """Setting up or tearing down a sandbox network failed."""
-
-
-@dataclass(frozen=True)
-class NetworkPlan:
-    """Names and addresses of one sandbox's network, derived from its slot alone."""
-
-    slot: int
-    netns: str
-    host_veth: str
-    ns_veth: str
-    host_ip: str
-    ns_ip: str
-    guest_ip: str
-    guest_gateway: str
-    guest_prefix: int
-
-
-def plan_network(
-    slot: int,
-    sandbox_id: str,
-    *,
-    name_prefix: str,
-    host_subnet: str,
-    guest_ip: str,
-    guest_gateway: str,
-    guest_prefix: int,
-) -> NetworkPlan:
-    """Slot k owns the k-th /30 of `host_subnet`: .1 on the host, .2 in the namespace."""
-    subnet = ipaddress.ip_network(host_subnet)
-    if not 0 <= slot < subnet.num_addresses // 4:
-        raise NetworkError(f"network slot {slot} outside {host_subnet}")
-    base = subnet.network_address + 4 * slot
-    return NetworkPlan(
-        slot=slot,
-        netns=f"{name_prefix}-{sandbox_id}",
-        host_veth=f"{name_prefix}{slot}h",
-        ns_veth=f"{name_prefix}{slot}n",
-        host_ip=str(base + 1),
-        ns_ip=str(base + 2),
-        guest_ip=guest_ip,
-        guest_gateway=guest_gateway,
-        guest_prefix=guest_prefix,
-    )
 
 
 async def _run(*args: str, stdin: bytes | None = None) -> str:
@@ -77,51 +44,47 @@ async def _run(*args: str, stdin: bytes | None = None) -> str:
     return out.decode()
 
 
-def _namespace_rules(plan: NetworkPlan, allow_internet: bool) -> str:
-    lines = [
-        "*nat",
-        f"-A PREROUTING -i {plan.ns_veth} -d {plan.ns_ip} -j DNAT --to-destination {plan.guest_ip}",
-        f"-A POSTROUTING -o {plan.ns_veth} -s {plan.guest_ip} -j SNAT --to-source {plan.ns_ip}",
-        "COMMIT",
-        "*filter",
-    ]
-    if not allow_internet:
-        # Replies to connections the host opened still pass; the guest opens none itself.
-        lines.append(
-            f"-A FORWARD -i {TAP_NAME} -m conntrack ! --ctstate ESTABLISHED,RELATED -j DROP"
-        )
-    lines.append("COMMIT")
-    return "\n".join(lines) + "\n"
-
-
 async def ensure_host_forwarding(host_subnet: str, name_prefix: str) -> None:
-    """Enable forwarding and masquerading for this server's sandboxes; idempotent."""
+    """Install this server's host chains (forwarding, masquerading, isolation); idempotent."""
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
-    tag = name_prefix.upper()
-    veths = f"{name_prefix}+"
-    for table, chain, parent, rules in (
-        ("filter", f"{tag}-FORWARD", "FORWARD", [
-            ["-i", veths, "-j", "ACCEPT"],
-            ["-o", veths, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
-        ]),
-        ("nat", f"{tag}-POSTROUTING", "POSTROUTING", [
-            ["-s", host_subnet, "!", "-d", host_subnet, "-j", "MASQUERADE"],
-        ]),
-    ):  # fmt: skip
+    for chain in host_chains(name_prefix, host_subnet):
         try:
-            await _run("iptables", "-t", table, "-N", chain)
+            await _run("iptables", "-t", chain.table, "-N", chain.name)
         except NetworkError:
-            await _run("iptables", "-t", table, "-F", chain)
-        for rule in rules:
-            await _run("iptables", "-t", table, "-A", chain, *rule)
+            await _run("iptables", "-t", chain.table, "-F", chain.name)
+        for rule in chain.rules:
+            await _run("iptables", "-t", chain.table, "-A", chain.name, *rule)
         try:
-            await _run("iptables", "-t", table, "-C", parent, "-j", chain)
+            await _run("iptables", "-t", chain.table, "-C", chain.parent, "-j", chain.name)
         except NetworkError:
-            await _run("iptables", "-t", table, "-I", parent, "-j", chain)
+            await _run("iptables", "-t", chain.table, "-I", chain.parent, "-j", chain.name)
 
 
-async def create_network(plan: NetworkPlan, allow_internet: bool) -> None:
-    """Create namespace, veth pair, tap and NAT rules; on failure nothing is left behind."""
+def _namespace_sysctls() -> list[str]:
+    settings = ["net.ipv4.ip_forward=1"]
+    if Path("/proc/sys/net/ipv6").exists():
+        # No IPv6 in the namespace, not even link-local to the tap: the guest has no path
+        # the IPv4 rules do not see.
+        settings += ["net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
+    return settings
+
+
+async def apply_policy(
+    plan: NetworkPlan, allow_internet: bool, egress: EgressPolicy | None = None
+) -> None:
+    """Set what the guest may reach, replacing the namespace's rules whole; idempotent.
+    Without `egress` the guest gets no exception: no allowed range, no DNS."""
+    nsenter = ("nsenter", f"--net={_NETNS_DIR / plan.netns}", "--")
+    await _run(*nsenter, "sysctl", "-qw", *_namespace_sysctls())
+    rules = namespace_rules(plan, allow_internet, egress or EgressPolicy())
+    await _run(*nsenter, "iptables-restore", stdin=rules.encode())
+
+
+async def create_network(
+    plan: NetworkPlan, allow_internet: bool, egress: EgressPolicy | None = None
+) -> None:
+    """Create namespace, veth pair, tap and rules (see `apply_policy`); on failure nothing is
+    left behind."""
     await _run("ip", "netns", "add", plan.netns)
     try:
         host_side = "\n".join(
@@ -146,11 +109,7 @@ async def create_network(plan: NetworkPlan, allow_internet: bool) -> None:
         )
         await _run("ip", "-batch", "-", stdin=host_side.encode())
         await _run("ip", "-n", plan.netns, "-batch", "-", stdin=ns_side.encode())
-        nsenter = ("nsenter", f"--net={_NETNS_DIR / plan.netns}", "--")
-        await _run(*nsenter, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        await _run(
-            *nsenter, "iptables-restore", stdin=_namespace_rules(plan, allow_internet).encode()
-        )
+        await apply_policy(plan, allow_internet, egress)
     except BaseException:
         await destroy_network(plan.netns, plan.host_veth)
         raise

@@ -29,7 +29,14 @@ from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..guest.client import AgentClient
 from ..guest.kit import Kit, guest_args, load_kit
 from ..images.catalog import Template, TemplateCatalog
-from ..net.netns import NetworkPlan, create_network, destroy_network, plan_network
+from ..net.netns import (
+    NetworkPlan,
+    apply_policy,
+    create_network,
+    destroy_network,
+    plan_network,
+)
+from ..net.policy import egress_policy
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
 from ..vmm.qemuimg import copy_sparse, create_qcow2
 from .admission import Demand, admit, host_capacity
@@ -78,7 +85,8 @@ class GuestLost(Unavailable):
 def guest_kernel_args(cfg: Config) -> str:
     """The same for every sandbox (each has its own namespace), so snapshots can be shared."""
     net = cfg.net
-    return guest_args(net.guest_ip, net.guest_prefix, net.guest_gateway)
+    # The gateway answers DNS: the namespace forwards it to the configured resolver.
+    return guest_args(net.guest_ip, net.guest_prefix, net.guest_gateway, dns=net.guest_gateway)
 
 
 def new_sandbox_id() -> str:
@@ -113,6 +121,8 @@ class SandboxManager:
         self.catalog = catalog
         self.launcher = VmLauncher(cfg.sandbox, driver, boot_snapshots)
         self.capacity = host_capacity(cfg.sandbox, cfg.home)
+        # Built here so a bad `net.allowed_ranges` stops the server at start.
+        self.egress = egress_policy(cfg.net)
         # Admission reads what is committed and then commits more: one at a time.
         self._admission_lock = asyncio.Lock()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -367,7 +377,7 @@ class SandboxManager:
 
     async def _make_network(self, record: SandboxRecord, cleanup: CleanupStack) -> None:
         plan = self.network_plan(record)
-        await create_network(plan, record.allow_internet)
+        await create_network(plan, record.allow_internet, self.egress)
         cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
 
     def _vm_spec(self, record: SandboxRecord, kit: Kit) -> VmSpec:
@@ -606,6 +616,10 @@ class SandboxManager:
     async def settle(self, record: SandboxRecord, event: Event) -> None:
         """Recovery's end of an operation a dead server left in a transient state."""
         await self._transition(record, event)
+
+    async def renew_network_policy(self, record: SandboxRecord) -> None:
+        """Apply today's egress policy to a sandbox kept across a restart."""
+        await apply_policy(self.network_plan(record), record.allow_internet, self.egress)
 
     def adopt(self, record: SandboxRecord) -> None:
         """Route the proxy to a running sandbox (one whose VM survived a restart too)."""

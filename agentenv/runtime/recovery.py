@@ -154,6 +154,9 @@ async def recover(manager: SandboxManager) -> RecoveryReport:
         found = _Found(manager, record, handle if alive else None, saved)
         try:
             outcome = await RULES[record.state](found)
+            if outcome is not Outcome.GONE:
+                # A policy changed in config (or made by an older server) takes effect now.
+                await manager.renew_network_policy(record)
         except (VmmError, OSError, RuntimeError) as exc:
             report.failed[record.sandbox_id] = str(exc)
             continue

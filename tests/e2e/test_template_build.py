@@ -111,6 +111,12 @@ def test_build_steps_are_refused(images: Images) -> None:
         )
 
 
+def test_more_vcpus_than_the_node_has_are_refused(server: LiveServer, images: Images) -> None:
+    with pytest.raises(BuildException, match=r"cpuCount: at most \d+ vCPUs here, 16 asked"):
+        Template.build(Template().from_image(images.app), alias="built-wide", cpu_count=16)
+    assert "built-wide" not in _template_ids(server)
+
+
 def test_copy_steps_are_refused(images: Images, tmp_path: Path) -> None:
     (tmp_path / "app.txt").write_text("app")
     recipe = Template(file_context_path=tmp_path).from_image(images.app).copy("app.txt", "/srv/")

@@ -1,17 +1,20 @@
 from __future__ import annotations
 
 import subprocess
+from ipaddress import IPv4Address
 from pathlib import Path
 
 import pytest
 
 from agentenv.net.netns import (
     NetworkError,
+    apply_policy,
     create_network,
     destroy_network,
     list_namespaces,
     plan_network,
 )
+from agentenv.net.policy import EgressPolicy
 
 PREFIX = "aenvu"
 
@@ -61,6 +64,8 @@ async def test_create_and_destroy_leave_nothing_behind() -> None:
             ["ip", "-n", plan.netns, "-o", "addr"], capture_output=True, text=True, check=True
         ).stdout
         assert f"{plan.ns_ip}/30" in addrs
+        # No IPv6 at all in the namespace, so the guest has no path the IPv4 rules miss.
+        assert "inet6" not in addrs
     finally:
         await destroy_network(plan.netns, plan.host_veth)
     assert plan.netns not in list_namespaces(PREFIX)
@@ -80,3 +85,32 @@ async def test_failed_create_cleans_up() -> None:
         assert plan.netns not in list_namespaces(PREFIX)
     finally:
         subprocess.run(["ip", "link", "del", plan.host_veth], check=False)
+
+
+def _namespace_rules(netns: str) -> str:
+    return subprocess.run(
+        ["nsenter", f"--net=/run/netns/{netns}", "--", "iptables-save"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+async def test_apply_policy_replaces_the_rules_whole() -> None:
+    """What recovery can use on a namespace made under an older policy."""
+    plan = _plan(4, "reapply")
+    await destroy_network(plan.netns, plan.host_veth)
+    await create_network(plan, allow_internet=False)
+    try:
+        closed = _namespace_rules(plan.netns)
+        assert "-A FORWARD -i tap0 -j REFUSE" in closed
+        await apply_policy(plan, True, EgressPolicy(dns_server=IPv4Address("10.0.0.2")))
+        await apply_policy(plan, True, EgressPolicy(dns_server=IPv4Address("10.0.0.3")))
+        opened = _namespace_rules(plan.netns)
+        assert "-A FORWARD -i tap0 -j REFUSE" not in opened
+        assert "--to-destination 10.0.0.3" in opened
+        assert "10.0.0.2" not in opened
+        assert opened.count(":REFUSE") == 1
+        assert opened.count("--to-destination 169.254.0.21") == 1
+    finally:
+        await destroy_network(plan.netns, plan.host_veth)

@@ -144,7 +144,7 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
     cfg.sandbox.memory_mb = 256
     networks: set[str] = set()
 
-    async def create_network(plan: Any, allow_internet: bool) -> None:
+    async def create_network(plan: Any, allow_internet: bool, egress: Any = None) -> None:
         networks.add(plan.netns)
 
     async def destroy_network(netns: str, host_veth: str | None = None) -> None:
@@ -155,6 +155,7 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
 
     monkeypatch.setattr(manager_module, "create_network", create_network)
     monkeypatch.setattr(manager_module, "destroy_network", destroy_network)
+    monkeypatch.setattr(manager_module, "apply_policy", create_network)
     monkeypatch.setattr(manager_module, "create_qcow2", create_qcow2)
     rootfs = tmp_path / "rootfs.ext4"
     rootfs.write_bytes(b"\0" * 4096)

@@ -1,0 +1,58 @@
+"""Names and addresses of one sandbox's network, derived from its slot alone."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+TAP_NAME = "tap0"
+GATEWAY_MAC = "02:fc:00:00:00:01"
+
+
+class NetworkError(RuntimeError):
+    """Setting up or tearing down a sandbox network failed."""
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    """Names and addresses of one sandbox's network; `host_subnet` is the server's whole range."""
+
+    slot: int
+    netns: str
+    host_veth: str
+    ns_veth: str
+    host_ip: str
+    ns_ip: str
+    host_subnet: str
+    guest_ip: str
+    guest_gateway: str
+    guest_prefix: int
+
+
+def plan_network(
+    slot: int,
+    sandbox_id: str,
+    *,
+    name_prefix: str,
+    host_subnet: str,
+    guest_ip: str,
+    guest_gateway: str,
+    guest_prefix: int,
+) -> NetworkPlan:
+    """Slot k owns the k-th /30 of `host_subnet`: .1 on the host, .2 in the namespace."""
+    subnet = ipaddress.ip_network(host_subnet)
+    if not 0 <= slot < subnet.num_addresses // 4:
+        raise NetworkError(f"network slot {slot} outside {host_subnet}")
+    base = subnet.network_address + 4 * slot
+    return NetworkPlan(
+        slot=slot,
+        netns=f"{name_prefix}-{sandbox_id}",
+        host_veth=f"{name_prefix}{slot}h",
+        ns_veth=f"{name_prefix}{slot}n",
+        host_ip=str(base + 1),
+        ns_ip=str(base + 2),
+        host_subnet=str(subnet),
+        guest_ip=guest_ip,
+        guest_gateway=guest_gateway,
+        guest_prefix=guest_prefix,
+    )

@@ -1,0 +1,146 @@
+"""What a guest may open connections to: its namespace's rules and this server's host chains.
+
+A guest reaches the internet and nothing else: not the host, not another sandbox, not its
+own namespace, and no private, link-local or reserved range unless the operator allows it.
+The host keeps reaching every guest; replies to its connections always pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network
+
+from ..config import ConfigError, NetConfig
+from .dns import host_dns_server
+from .plan import TAP_NAME, NetworkPlan
+
+log = logging.getLogger(__name__)
+
+# Private (RFC 1918), shared carrier-grade NAT, loopback, link-local (cloud metadata lives
+# there), "this network", IETF protocol assignments, benchmarking (used inside some
+# networks), multicast and reserved (holding the broadcast address). The documentation
+# ranges stay reachable: nothing private lives there, and labs use them as public stand-ins.
+BLOCKED_RANGES = tuple(
+    IPv4Network(cidr)
+    for cidr in (
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.168.0.0/16",
+        "198.18.0.0/15",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+    )
+)
+
+# Refused rather than dropped, so a guest's attempt fails at once instead of timing out:
+# TCP gets a reset, since the kernel rate-limits the ICMP errors other protocols get.
+_REFUSE = "REFUSE"
+_REFUSE_CHAIN = [
+    f":{_REFUSE} - [0:0]",
+    f"-A {_REFUSE} -p tcp -j REJECT --reject-with tcp-reset",
+    f"-A {_REFUSE} -j REJECT --reject-with icmp-admin-prohibited",
+]
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """The operator's exceptions: ranges guests may reach, and where their DNS queries go."""
+
+    allowed_ranges: tuple[IPv4Network, ...] = ()
+    dns_server: IPv4Address | None = None
+
+
+def egress_policy(net: NetConfig) -> EgressPolicy:
+    """The policy `net` configures; an empty `dns_server` means the host's own resolver."""
+    ranges = []
+    for cidr in filter(None, (part.strip() for part in net.allowed_ranges.split(","))):
+        try:
+            ranges.append(IPv4Network(cidr))
+        except ValueError as exc:
+            raise ConfigError(f"net.allowed_ranges: {cidr!r}: {exc}") from exc
+    if net.dns_server:
+        try:
+            dns_server: IPv4Address | None = IPv4Address(net.dns_server)
+        except ValueError as exc:
+            raise ConfigError(f"net.dns_server: {exc}") from exc
+    else:
+        dns_server = host_dns_server()
+        if dns_server is None:
+            log.warning("no IPv4 resolver in the host's resolv.conf: guests get no DNS")
+    return EgressPolicy(tuple(ranges), dns_server)
+
+
+def namespace_rules(plan: NetworkPlan, allow_internet: bool, egress: EgressPolicy) -> str:
+    """iptables-restore input for a sandbox's namespace, where the guest cannot change it."""
+    from_guest = f"-i {TAP_NAME}"
+    nat = [
+        f"-A PREROUTING -i {plan.ns_veth} -d {plan.ns_ip} -j DNAT --to-destination {plan.guest_ip}",
+        f"-A POSTROUTING -o {plan.ns_veth} -s {plan.guest_ip} -j SNAT --to-source {plan.ns_ip}",
+    ]
+    rules = [
+        # Nothing in the namespace serves the guest: gateway and veth addresses are closed.
+        f"-A INPUT {from_guest} -j {_REFUSE}",
+        # A forged source could pass the guest's packets off as another sandbox's.
+        f"-A FORWARD {from_guest} ! -s {plan.guest_ip} -j DROP",
+        f"-A FORWARD {from_guest} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+    ]
+    if not allow_internet:
+        rules.append(f"-A FORWARD {from_guest} -j {_REFUSE}")
+    else:
+        if egress.dns_server is not None:
+            # The guest's resolver is its gateway; queries go on to the configured server.
+            for proto in ("udp", "tcp"):
+                nat.append(
+                    f"-A PREROUTING {from_guest} -d {plan.guest_gateway} -p {proto} --dport 53"
+                    f" -j DNAT --to-destination {egress.dns_server}"
+                )
+            rules.append(
+                f"-A FORWARD {from_guest} -m conntrack --ctstate DNAT"
+                f" --ctorigdst {plan.guest_gateway} -j ACCEPT"
+            )
+        # This server's sandboxes and host-side addresses stay closed whatever is allowed.
+        rules.append(f"-A FORWARD {from_guest} -d {plan.host_subnet} -j {_REFUSE}")
+        rules += [f"-A FORWARD {from_guest} -d {cidr} -j ACCEPT" for cidr in egress.allowed_ranges]
+        rules += [f"-A FORWARD {from_guest} -d {cidr} -j {_REFUSE}" for cidr in BLOCKED_RANGES]
+    filter_table = ["*filter", *_REFUSE_CHAIN, *rules, "COMMIT"]
+    return "\n".join(["*nat", *nat, "COMMIT", *filter_table]) + "\n"
+
+
+@dataclass(frozen=True)
+class HostChain:
+    """One of this server's chains on the host, jumped to first from a built-in chain."""
+
+    table: str
+    name: str
+    parent: str
+    rules: tuple[tuple[str, ...], ...]
+
+
+def host_chains(name_prefix: str, host_subnet: str) -> tuple[HostChain, ...]:
+    """Defence behind the namespaces' rules: sandboxes open nothing on the host or each other."""
+    tag = name_prefix.upper()
+    veths = f"{name_prefix}+"
+    replies = ("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+    return (
+        HostChain("filter", f"{tag}-INPUT", "INPUT", (
+            # Replies to the host's own connections to its guests (API, proxy) pass.
+            ("-i", veths, *replies),
+            ("-i", veths, "-j", "DROP"),
+        )),
+        HostChain("filter", f"{tag}-FORWARD", "FORWARD", (
+            ("-i", veths, "-o", veths, "-j", "DROP"),
+            ("-i", veths, "-j", "ACCEPT"),
+            ("-o", veths, *replies),
+            # Only the host itself opens connections to guests, not its network neighbours.
+            ("-o", veths, "-j", "DROP"),
+        )),
+        HostChain("nat", f"{tag}-POSTROUTING", "POSTROUTING", (
+            ("-s", host_subnet, "!", "-d", host_subnet, "-j", "MASQUERADE"),
+        )),
+    )  # fmt: skip

@@ -1,0 +1,163 @@
+"""What a guest reaches, on real namespaces and rules, with a namespace standing in for the VM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack, asynccontextmanager
+from ipaddress import IPv4Address, IPv4Network
+
+import pytest
+
+from agentenv.net.netns import create_network, destroy_network, ensure_host_forwarding
+from agentenv.net.plan import TAP_NAME, NetworkPlan, plan_network
+from agentenv.net.policy import EgressPolicy
+
+from ..netlab import (
+    RESOLVED_IP,
+    Lab,
+    host_addresses,
+    lab,
+    probe_command,
+    reached,
+    remove_host_chains,
+    remove_namespace,
+    serving,
+    sh,
+    unique,
+)
+
+
+@pytest.fixture(scope="module")
+def network() -> Iterator[tuple[str, str]]:
+    """A name prefix and subnet of this test's own, with the host chains a server installs."""
+    used = sh("ip", "-o", "-4", "addr")
+    octet = secrets.choice([n for n in range(190, 250) if f" 10.{n}." not in used])
+    prefix, subnet = unique("nl"), f"10.{octet}.0.0/16"
+    try:
+        asyncio.run(ensure_host_forwarding(subnet, prefix))
+        yield prefix, subnet
+    finally:
+        remove_host_chains(prefix, subnet)
+
+
+@pytest.fixture(scope="module")
+def around(network: tuple[str, str]) -> Iterator[Lab]:
+    with lab(network[1]) as made:
+        yield made
+
+
+def _plan(network: tuple[str, str], slot: int) -> NetworkPlan:
+    return plan_network(
+        slot,
+        f"s{slot}",
+        name_prefix=network[0],
+        host_subnet=network[1],
+        guest_ip="169.254.0.21",
+        guest_gateway="169.254.0.22",
+        guest_prefix=30,
+    )
+
+
+@asynccontextmanager
+async def sandbox(
+    network: tuple[str, str],
+    slot: int,
+    *,
+    allow_internet: bool = True,
+    egress: EgressPolicy | None = None,
+) -> AsyncIterator[tuple[NetworkPlan, str]]:
+    """A sandbox's network whose tap is replaced by a veth to a namespace at the guest's
+    address: a guest without a VM. Yields the plan and that namespace."""
+    plan = _plan(network, slot)
+    guest = f"{plan.netns}-guest"
+    try:
+        await create_network(plan, allow_internet, egress)
+        sh("ip", "netns", "add", guest)
+        inside = ["ip", "-n", plan.netns]
+        sh(*inside, "link", "del", TAP_NAME)
+        sh(*inside, "link", "add", TAP_NAME, "type", "veth", "peer", "name", "eth0", "netns", guest)
+        sh(*inside, "addr", "add", f"{plan.guest_gateway}/{plan.guest_prefix}", "dev", TAP_NAME)
+        sh(*inside, "link", "set", TAP_NAME, "up")
+        sh("ip", "-n", guest, "addr", "add", f"{plan.guest_ip}/{plan.guest_prefix}", "dev", "eth0")
+        sh("ip", "-n", guest, "link", "set", "eth0", "up")
+        sh("ip", "-n", guest, "link", "set", "lo", "up")
+        sh("ip", "-n", guest, "route", "add", "default", "via", plan.guest_gateway)
+        yield plan, guest
+    finally:
+        remove_namespace(guest)
+        await destroy_network(plan.netns, plan.host_veth)
+
+
+def probe(targets: list[str], netns: str = "") -> dict[str, str]:
+    """PROBE's outcomes from `netns`, or from the host itself."""
+    command = probe_command(sys.executable, targets)
+    return json.loads(sh(*(["ip", "netns", "exec", netns] if netns else []), *command))
+
+
+def fetch(target: str) -> str:
+    """One PROBE target's outcome from the host."""
+    return probe([target])[target]
+
+
+def test_lab_servers_answer_the_host(network: tuple[str, str], around: Lab) -> None:
+    """What guests must not reach is up: the host reaches each of it."""
+    for name in ("host", "internet", "private", "resolver"):
+        assert fetch(around.url(name)) == name
+    assert fetch(f"dns://{around.resolver.ip}/example.test") == RESOLVED_IP
+    # Metadata is routed into the lab for the sandboxes' subnet only, never for the host.
+    source = _plan(network, 1).ns_ip
+    route = sh("ip", "route", "get", "169.254.169.254", "from", source, "iif", "lo")
+    assert around.private.host_veth in route
+
+
+async def test_guest_reaches_the_internet_and_nothing_else(
+    network: tuple[str, str], around: Lab
+) -> None:
+    async with sandbox(network, 1) as (plan, guest), sandbox(network, 2) as (other, other_guest):
+        with ExitStack() as stack:
+            other_port = stack.enter_context(serving("other-guest", netns=other_guest))
+            namespace_port = stack.enter_context(serving("namespace", netns=plan.netns))
+            # The host reaches a guest on any port, through its namespace address.
+            assert fetch(f"http://{other.ns_ip}:{other_port}/") == "other-guest"
+            closed = [
+                # Its own and the other sandbox's host-side addresses are among the host's.
+                *(around.url("host", address) for address in host_addresses()),
+                f"http://{other.ns_ip}:{other_port}/",
+                f"http://{other.ns_ip}:49983/",
+                f"http://{plan.guest_gateway}:{namespace_port}/",
+                f"http://{plan.ns_ip}:{namespace_port}/",
+                around.url("private"),
+                around.url("metadata"),
+                f"dns://{plan.guest_gateway}/example.test",
+            ]
+            internet = around.url("internet")
+            assert reached(probe([internet, *closed], guest)) == {internet: "internet"}
+
+
+async def test_no_internet_means_no_new_connection(network: tuple[str, str], around: Lab) -> None:
+    async with sandbox(network, 3, allow_internet=False) as (plan, guest):
+        with serving("guest", netns=guest) as port:
+            assert fetch(f"http://{plan.ns_ip}:{port}/") == "guest"
+        targets = [around.url("internet"), f"dns://{plan.guest_gateway}/example.test"]
+        assert reached(probe(targets, guest)) == {}
+
+
+async def test_allowed_ranges_and_dns(network: tuple[str, str], around: Lab) -> None:
+    """An allowed range opens a private service, never the host's address inside it; DNS
+    through the gateway reaches the resolver, which is otherwise closed."""
+    private_net = IPv4Network(f"{around.private.ip}/30", strict=False)
+    egress = EgressPolicy((private_net,), IPv4Address(around.resolver.ip))
+    async with sandbox(network, 4, egress=egress) as (plan, guest):
+        private = around.url("private")
+        resolve = f"dns://{plan.guest_gateway}/example.test"
+        closed = [
+            around.url("host", around.private.host_ip),
+            around.url("resolver"),
+            f"dns://{around.resolver.ip}/example.test",
+        ]
+        outcomes = reached(probe([private, resolve, *closed], guest))
+        assert outcomes == {private: "private", resolve: RESOLVED_IP}

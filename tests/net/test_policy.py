@@ -1,0 +1,152 @@
+"""The isolation rules as text: what namespaces and host chains hold, and in what order."""
+
+from __future__ import annotations
+
+import subprocess
+from ipaddress import IPv4Address, IPv4Network
+
+import pytest
+
+from agentenv.config import ConfigError, NetConfig
+from agentenv.net import policy
+from agentenv.net.plan import plan_network
+from agentenv.net.policy import BLOCKED_RANGES, EgressPolicy, egress_policy, host_chains
+
+PLAN = plan_network(
+    3,
+    "unit",
+    name_prefix="aenvp",
+    host_subnet="10.198.0.0/16",
+    guest_ip="169.254.0.21",
+    guest_gateway="169.254.0.22",
+    guest_prefix=30,
+)
+REJECT = "-j REFUSE"
+
+
+def _forward(rules: str) -> list[str]:
+    return [line for line in rules.splitlines() if line.startswith("-A FORWARD")]
+
+
+def _blocked(address: str) -> bool:
+    return any(IPv4Address(address) in network for network in BLOCKED_RANGES)
+
+
+def test_blocked_ranges_cover_private_local_and_reserved_space() -> None:
+    for address in (
+        "10.1.2.3", "172.16.0.1", "172.31.255.254", "192.168.1.1", "100.64.0.1", "127.0.0.1",
+        "169.254.169.254", "169.254.0.22", "0.0.0.0", "224.0.0.251", "239.255.255.250",
+        "240.0.0.1", "255.255.255.255", "198.18.0.1", "192.0.0.170",
+    ):  # fmt: skip
+        assert _blocked(address), address
+    for address in ("8.8.8.8", "1.1.1.1", "172.32.0.1", "100.128.0.1", "203.0.113.10"):
+        assert not _blocked(address), address
+
+
+def test_namespace_keeps_the_guest_off_its_own_namespace_and_private_ranges() -> None:
+    rules = policy.namespace_rules(PLAN, True, EgressPolicy())
+    # Refused at once: TCP with a reset (not rate-limited like ICMP), the rest with ICMP.
+    assert "-A REFUSE -p tcp -j REJECT --reject-with tcp-reset" in rules
+    assert "-A REFUSE -j REJECT --reject-with icmp-admin-prohibited" in rules
+    assert f"-A INPUT -i tap0 {REJECT}" in rules
+    # The host still reaches the guest on every port through the namespace address.
+    assert "-A PREROUTING -i aenvp3n -d 10.198.0.14 -j DNAT --to-destination 169.254.0.21" in rules
+    forward = _forward(rules)
+    assert forward[:3] == [
+        "-A FORWARD -i tap0 ! -s 169.254.0.21 -j DROP",
+        "-A FORWARD -i tap0 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+        f"-A FORWARD -i tap0 -d 10.198.0.0/16 {REJECT}",
+    ]
+    assert forward[3:] == [f"-A FORWARD -i tap0 -d {cidr} {REJECT}" for cidr in BLOCKED_RANGES]
+    # Without a DNS server the gateway answers nothing: no DNAT from the guest.
+    assert "-i tap0 -d 169.254.0.22" not in rules
+
+
+def test_allowed_ranges_come_after_the_servers_subnet_and_before_the_blocks() -> None:
+    allowed = (IPv4Network("10.20.0.0/16"), IPv4Network("169.254.169.254/32"))
+    forward = _forward(policy.namespace_rules(PLAN, True, EgressPolicy(allowed)))
+    subnet = forward.index(f"-A FORWARD -i tap0 -d 10.198.0.0/16 {REJECT}")
+    opened = [forward.index(f"-A FORWARD -i tap0 -d {cidr} -j ACCEPT") for cidr in allowed]
+    first_block = forward.index(f"-A FORWARD -i tap0 -d 0.0.0.0/8 {REJECT}")
+    assert subnet < opened[0] < opened[1] < first_block
+
+
+def test_dns_to_the_gateway_goes_to_the_configured_server() -> None:
+    rules = policy.namespace_rules(PLAN, True, EgressPolicy(dns_server=IPv4Address("10.0.0.2")))
+    for proto in ("udp", "tcp"):
+        assert (
+            f"-A PREROUTING -i tap0 -d 169.254.0.22 -p {proto} --dport 53"
+            " -j DNAT --to-destination 10.0.0.2"
+        ) in rules
+    forward = _forward(rules)
+    dns = forward.index(
+        "-A FORWARD -i tap0 -m conntrack --ctstate DNAT --ctorigdst 169.254.0.22 -j ACCEPT"
+    )
+    # Before the blocks: the resolver is usually private; only its DNATed queries pass.
+    assert dns < forward.index(f"-A FORWARD -i tap0 -d 10.0.0.0/8 {REJECT}")
+
+
+def test_no_internet_rejects_every_new_connection_and_has_no_exceptions() -> None:
+    egress = EgressPolicy((IPv4Network("10.20.0.0/16"),), IPv4Address("10.0.0.2"))
+    rules = policy.namespace_rules(PLAN, False, egress)
+    assert _forward(rules) == [
+        "-A FORWARD -i tap0 ! -s 169.254.0.21 -j DROP",
+        "-A FORWARD -i tap0 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+        f"-A FORWARD -i tap0 {REJECT}",
+    ]
+    assert "--dport 53" not in rules
+
+
+@pytest.mark.parametrize("allow_internet", [True, False])
+def test_iptables_restore_accepts_the_rules(allow_internet: bool) -> None:
+    egress = EgressPolicy((IPv4Network("10.20.0.0/16"),), IPv4Address("10.0.0.2"))
+    rules = policy.namespace_rules(PLAN, allow_internet, egress)
+    # A throwaway namespace: --test parses and checks without applying anything.
+    checked = subprocess.run(
+        ["unshare", "--net", "iptables-restore", "--test"],
+        input=rules,
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_host_chains_are_per_prefix_and_drop_what_sandboxes_open_on_the_host() -> None:
+    chains = {chain.name: chain for chain in host_chains("aenvp", "10.198.0.0/16")}
+    assert set(chains) == {"AENVP-INPUT", "AENVP-FORWARD", "AENVP-POSTROUTING"}
+    assert chains["AENVP-INPUT"].parent == "INPUT"
+    assert chains["AENVP-INPUT"].rules == (
+        ("-i", "aenvp+", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"),
+        ("-i", "aenvp+", "-j", "DROP"),
+    )
+    forward = chains["AENVP-FORWARD"].rules
+    assert forward[0] == ("-i", "aenvp+", "-o", "aenvp+", "-j", "DROP")
+    assert forward[-1] == ("-o", "aenvp+", "-j", "DROP")
+    masquerade = chains["AENVP-POSTROUTING"]
+    assert (masquerade.table, masquerade.parent) == ("nat", "POSTROUTING")
+    assert masquerade.rules == (
+        ("-s", "10.198.0.0/16", "!", "-d", "10.198.0.0/16", "-j", "MASQUERADE"),
+    )
+
+
+def test_egress_policy_parses_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    net = NetConfig(allowed_ranges=" 10.20.0.0/16, ,192.168.5.7/32 ", dns_server="10.0.0.2")
+    assert egress_policy(net) == EgressPolicy(
+        (IPv4Network("10.20.0.0/16"), IPv4Network("192.168.5.7/32")), IPv4Address("10.0.0.2")
+    )
+    monkeypatch.setattr(policy, "host_dns_server", lambda: IPv4Address("10.255.255.53"))
+    assert egress_policy(NetConfig()) == EgressPolicy((), IPv4Address("10.255.255.53"))
+
+
+@pytest.mark.parametrize(
+    "net",
+    [
+        NetConfig(allowed_ranges="10.0.0.0/33"),
+        NetConfig(allowed_ranges="10.0.0.1/8"),
+        NetConfig(allowed_ranges="fd00::/8"),
+        NetConfig(dns_server="resolver.example"),
+    ],
+)
+def test_egress_policy_refuses_bad_values(net: NetConfig) -> None:
+    with pytest.raises(ConfigError, match="net\\."):
+        egress_policy(net)

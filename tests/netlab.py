@@ -1,0 +1,258 @@
+"""A network lab on this machine: namespaces standing in for the internet, a private service
+or cloud metadata, servers to put in them, and a probe a guest runs. No packet leaves."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from ipaddress import IPv4Network
+from pathlib import Path
+
+from agentenv.net.policy import host_chains
+
+METADATA_IP = "169.254.169.254"
+# What the lab's DNS resolver answers for any name.
+RESOLVED_IP = "192.0.2.53"
+
+# Serves `reply` until killed: to HTTP GETs, to any UDP datagram, or as the A record of any
+# DNS question. Prints its port once it listens.
+SERVER = r"""
+import http.server, socket, struct, sys
+kind, address, port, reply = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+
+class Reply(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = reply.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+def answer(query):
+    end = query.index(b"\0", 12) + 5
+    header = query[:2] + b"\x81\x80" + struct.pack(">HHHH", 1, 1, 0, 0)
+    record = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + socket.inet_aton(reply)
+    return header + query[12:end] + record
+
+if kind == "http":
+    server = http.server.ThreadingHTTPServer((address, port), Reply)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind((address, port))
+print(sock.getsockname()[1], flush=True)
+while True:
+    data, peer = sock.recvfrom(512)
+    sock.sendto(answer(data) if kind == "dns" else reply.encode(), peer)
+"""
+
+# Tries every target at once, each with a 3 s timeout, and prints {target: outcome} as JSON:
+# the body of an HTTP answer, "http <status>" for an error status, the address a `dns://`
+# server gave, or "unreachable: <error>".
+PROBE = r"""
+import json, socket, struct, sys, urllib.error, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+def resolve(server, name):
+    query = b"\x12\x34\x01\x00" + struct.pack(">HHHH", 1, 0, 0, 0)
+    query += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0\0\1\0\1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(3)
+        sock.sendto(query, (server, 53))
+        return socket.inet_ntoa(sock.recv(512)[-4:])
+
+def outcome(target):
+    try:
+        if target.startswith("dns://"):
+            return resolve(*target[6:].split("/", 1))
+        with opener.open(target, timeout=3) as response:
+            return response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return f"http {exc.code}"
+    except Exception as exc:
+        return f"unreachable: {exc!r}"
+
+with ThreadPoolExecutor(64) as pool:
+    print(json.dumps(dict(zip(sys.argv[1:], pool.map(outcome, sys.argv[1:])))))
+"""
+
+
+def sh(*args: str) -> str:
+    return subprocess.run(args, check=True, capture_output=True, text=True).stdout
+
+
+def unique(prefix: str) -> str:
+    """A name no concurrent test run picks: interface names have 15 characters at most."""
+    return f"{prefix}{secrets.token_hex(3)}"
+
+
+def random_slash30(network: str) -> str:
+    """A random /30 inside `network` that no route of the host touches (docker0, a VPC...);
+    random, so concurrent runs rarely collide."""
+    routed = []
+    for line in sh("ip", "-o", "-4", "route", "show", "table", "all").splitlines():
+        # A route's type ("local", "broadcast", "unreachable"...) may precede its destination.
+        words = line.split()
+        destination = words[0] if words[0][0].isdigit() else words[1]
+        if destination[0].isdigit():
+            routed.append(IPv4Network(destination, strict=False))
+    while True:
+        subnet = secrets.choice(list(IPv4Network(network).subnets(new_prefix=30)))
+        if not any(subnet.overlaps(route) for route in routed):
+            return str(subnet)
+
+
+def remove_namespace(netns: str) -> None:
+    if Path("/run/netns", netns).exists():
+        subprocess.run(["ip", "netns", "del", netns], check=False, capture_output=True)
+
+
+def remove_link(name: str) -> None:
+    if Path("/sys/class/net", name).exists():
+        subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
+
+
+def remove_host_chains(name_prefix: str, host_subnet: str) -> None:
+    """Undo `ensure_host_forwarding` for one prefix: jumps, rules and chains."""
+    for chain in host_chains(name_prefix, host_subnet):
+        for args in (
+            ["-D", chain.parent, "-j", chain.name],
+            ["-F", chain.name],
+            ["-X", chain.name],
+        ):
+            subprocess.run(["iptables", "-t", chain.table, *args], capture_output=True, check=False)
+
+
+def host_addresses() -> list[str]:
+    """Every IPv4 address of the host outside loopback (a guest's 127/8 is its own)."""
+    found = []
+    for line in sh("ip", "-o", "-4", "addr", "show").splitlines():
+        address = line.split()[3].split("/")[0]
+        if not address.startswith("127."):
+            found.append(address)
+    return found
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A namespace joined to the host by a veth /30: `host_ip` on the host, `ip` inside."""
+
+    netns: str
+    host_veth: str
+    host_ip: str
+    ip: str
+
+
+@contextmanager
+def peer(network: str) -> Iterator[Peer]:
+    """A namespace at .2 of the /30 `network`, routed from the host at .1 (not through its
+    default route); removed afterwards, whatever happened."""
+    subnet = IPv4Network(network)
+    made = Peer(unique("labns-"), unique("lab"), str(subnet[1]), str(subnet[2]))
+    try:
+        sh("ip", "netns", "add", made.netns)
+        veth_pair = ["type", "veth", "peer", "name", "eth0", "netns", made.netns]
+        sh("ip", "link", "add", made.host_veth, *veth_pair)
+        sh("ip", "addr", "add", f"{made.host_ip}/30", "dev", made.host_veth)
+        sh("ip", "link", "set", made.host_veth, "up")
+        sh("ip", "-n", made.netns, "addr", "add", f"{made.ip}/30", "dev", "eth0")
+        sh("ip", "-n", made.netns, "link", "set", "eth0", "up")
+        sh("ip", "-n", made.netns, "link", "set", "lo", "up")
+        yield made
+    finally:
+        remove_namespace(made.netns)
+        remove_link(made.host_veth)
+
+
+@contextmanager
+def metadata_service(at: Peer, sandbox_subnet: str) -> Iterator[str]:
+    """Cloud metadata's address inside `at`, for traffic from `sandbox_subnet` only (a policy
+    route), so a guest that got through would reach this machine, never the real one."""
+    table = str(secrets.choice(range(10_000, 30_000)))
+    rule = ["from", sandbox_subnet, "to", METADATA_IP, "table", table, "priority", table]
+    try:
+        sh("ip", "-n", at.netns, "addr", "add", f"{METADATA_IP}/32", "dev", "eth0")
+        sh("ip", "route", "add", METADATA_IP, "dev", at.host_veth, "table", table)
+        sh("ip", "rule", "add", *rule)
+        yield METADATA_IP
+    finally:
+        subprocess.run(["ip", "rule", "del", *rule], check=False, capture_output=True)
+        subprocess.run(["ip", "route", "flush", "table", table], check=False, capture_output=True)
+
+
+@contextmanager
+def serving(
+    reply: str, *, kind: str = "http", address: str = "0.0.0.0", port: int = 0, netns: str = ""
+) -> Iterator[int]:
+    """A SERVER answering `reply` (in `netns`, if given) until the block ends; yields its port."""
+    command = [sys.executable, "-c", SERVER, kind, address, str(port), reply]
+    if netns:
+        command = ["ip", "netns", "exec", netns, *command]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"server {kind} on {address}:{port} did not start")
+        yield int(line)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def probe_command(python: str, targets: list[str]) -> list[str]:
+    """The command running PROBE over `targets` with the interpreter `python`."""
+    return [python, "-c", PROBE, *targets]
+
+
+def reached(outcomes: dict[str, str]) -> dict[str, str]:
+    """The targets a PROBE got an answer from, with the answer."""
+    return {target: got for target, got in outcomes.items() if not got.startswith("unreachable")}
+
+
+@dataclass(frozen=True)
+class Lab:
+    """Around the host: an internet host, a private service with cloud metadata behind it, a
+    private DNS resolver, and a server on all the host's addresses; `ports` by those names."""
+
+    internet: Peer
+    private: Peer
+    resolver: Peer
+    ports: dict[str, int]
+
+    def url(self, name: str, address: str = "") -> str:
+        """The HTTP server `name` at its own address, or at `address`."""
+        own = {"internet": self.internet.ip, "private": self.private.ip}
+        own |= {"resolver": self.resolver.ip, "metadata": METADATA_IP, "host": "127.0.0.1"}
+        return f"http://{address or own[name]}:{self.ports[name]}/"
+
+
+@contextmanager
+def lab(sandbox_subnet: str) -> Iterator[Lab]:
+    """The lab, with metadata routed to it for `sandbox_subnet`; each server replies its name."""
+    with ExitStack() as stack:
+        internet = stack.enter_context(peer(random_slash30("203.0.113.0/24")))
+        private = stack.enter_context(peer(random_slash30("172.16.0.0/16")))
+        resolver = stack.enter_context(peer(random_slash30("172.17.0.0/16")))
+        metadata = stack.enter_context(metadata_service(private, sandbox_subnet))
+        ports = {
+            "host": stack.enter_context(serving("host")),
+            "internet": stack.enter_context(serving("internet", netns=internet.netns)),
+            "private": stack.enter_context(serving("private", netns=private.netns)),
+            "resolver": stack.enter_context(serving("resolver", netns=resolver.netns)),
+            "metadata": stack.enter_context(
+                serving("metadata", netns=private.netns, address=metadata, port=80)
+            ),
+        }
+        stack.enter_context(
+            serving(RESOLVED_IP, kind="dns", netns=resolver.netns, address=resolver.ip, port=53)
+        )
+        yield Lab(internet, private, resolver, ports)
