@@ -12,7 +12,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from agentenv.guest.agent import init_secret
 from agentenv.guest.kit import guest_args
+from agentenv.runtime.bootsnap import INIT_SECRET_FILE, write_init_secret
 from agentenv.vmm.qemu import host_tsc_khz, kernel_args
 
 from .live import free_port
@@ -23,13 +25,13 @@ def _envelope(message: dict) -> bytes:
     return struct.pack(">BI", 0, len(body)) + body
 
 
-def init_agent(port: int) -> None:
+def init_agent(port: int, secret: str) -> None:
     """`/init` as the manager sends it: the agent attaches the user's disk only then."""
     body = json.dumps({"envVars": {}}).encode()
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/init",
         data=body,
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", init_secret.HEADER: secret},
         method="POST",
     )
     with urllib.request.urlopen(req, timeout=60) as response:
@@ -63,6 +65,8 @@ class RawVm:
 
     def __init__(self, kit, rootfs: Path, workdir: Path, memory_mb: int = 512) -> None:
         self.port = free_port()
+        # The host's /init secret reaches the guest through fw_cfg, as a sandbox's does.
+        self.init_secret = write_init_secret(workdir)
         overlay = workdir / "overlay.qcow2"
         subprocess.run(
             ["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", rootfs, overlay],
@@ -81,6 +85,7 @@ class RawVm:
             "-drive", f"id=root,file={overlay},format=qcow2,if=none",
             "-device", "virtio-blk-device,drive=root",
             "-netdev", f"user,id=n0,{fwd}", "-device", "virtio-net-device,netdev=n0",
+            "-fw_cfg", f"name={init_secret.FW_CFG_NAME},file={workdir / INIT_SECRET_FILE}",
         ]  # fmt: skip
         self.console: list[str] = []
         self.proc = subprocess.Popen(

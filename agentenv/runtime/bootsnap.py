@@ -195,7 +195,8 @@ class BootSnapshots:
         finally:
             await destroy_network(netns)
         placeholder.unlink()
-        meta = {"key": key, "kit": self.kit.version, "vcpus": shape.vcpus}
+        meta = {"key": key, "kit": self.kit.version, "kernel_args": self.kernel_args}
+        meta |= {"vcpus": shape.vcpus}
         meta |= {"memory_mb": shape.memory_mb, "disk_bytes": DISK_BYTES}
         (work / "meta.json").write_text(json.dumps(meta))
 
@@ -214,9 +215,13 @@ class BootSnapshots:
             await self.driver.stop(handle)
 
     def _prune(self, keep: str) -> None:
-        """Remove snapshots of other kits: they can never be restored again."""
+        """Remove snapshots of other kits or kernel arguments: never restored again."""
         for path, meta in _finished(self.root).items():
-            if path.name != keep and meta.get("kit") != self.kit.version:
+            current = (meta.get("kit"), meta.get("kernel_args")) == (
+                self.kit.version,
+                self.kernel_args,
+            )
+            if path.name != keep and not current:
                 shutil.rmtree(path, ignore_errors=True)
 
 

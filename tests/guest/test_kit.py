@@ -208,7 +208,7 @@ def test_kit_boots_and_agent_answers(tmp_path: Path) -> None:
                 pytest.fail("agent /health never answered; console:\n" + "\n".join(vm.console))
             assert any("aenv: agent starting" in line for line in vm.console)
             assert not any("aenv: FATAL" in line for line in vm.console)
-            init_agent(vm.port)
+            init_agent(vm.port, vm.init_secret)
             code, out = run_command(vm.port, "/bin/sh", ["-c", "echo hello-$((6*7)); id -u"])
             assert code == 0, "\n".join(vm.console)
             assert "hello-42" in out
