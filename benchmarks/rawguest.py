@@ -16,7 +16,7 @@ from pathlib import Path
 from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
 from agentenv.net.netns import TAP_NAME, create_detached_tap, destroy_network
-from agentenv.runtime.bootsnap import DISK_BYTES, Shape, sandbox_vm
+from agentenv.runtime.bootsnap import DISK_BYTES, Shape, sandbox_vm, write_init_secret
 from agentenv.runtime.manager import guest_kernel_args
 from agentenv.vmm.driver import VmHandle
 from agentenv.vmm.qemu import QemuDriver
@@ -66,6 +66,7 @@ class RawGuest:
         ):  # fmt: skip
             await (await asyncio.create_subprocess_exec(*argv)).wait()
         await create_qcow2(self.disk, DISK_BYTES)
+        write_init_secret(self.spec.workdir)  # the VM hands it to the guest, as a sandbox's
         return self
 
     async def __aexit__(self, *exc: object) -> None:
