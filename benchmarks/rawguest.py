@@ -81,9 +81,14 @@ class RawGuest:
             self.cfg.net.guest_ip, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         start = time.monotonic()
-        self.handle = await self.driver.restore(self.spec, snapshot)
-        async with asyncio.timeout(60):
-            out, _ = await probe.communicate()
+        try:
+            self.handle = await self.driver.restore(self.spec, snapshot)
+            async with asyncio.timeout(60):
+                out, _ = await probe.communicate()
+        finally:
+            if probe.returncode is None:  # the restore failed: the probe would poll forever
+                probe.kill()
+                await probe.wait()
         return float(out) - start
 
     async def pause(self) -> float:
