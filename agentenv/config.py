@@ -22,6 +22,8 @@ class ServerConfig:
     api_key: str = ""
     # Sandbox domain for `{port}-{id}.{domain}` routing; empty means none.
     domain: str = ""
+    # Largest control-plane request body (JSON); file transfers to guests are not bounded.
+    max_body_bytes: int = 1024 * 1024
 
 
 @dataclass

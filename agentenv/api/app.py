@@ -17,6 +17,7 @@ from . import builds, sandboxes, templates
 from .auth import ApiKeyAuth, load_or_create_api_key
 from .deps import NodeDep
 from .errors import install_error_handlers
+from .limits import BodyLimit
 from .models import Health
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
 
     app = FastAPI(title="AgentENV", version="0.1.0", lifespan=lifespan)
     app.state.config = cfg
+    app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes)
     install_error_handlers(app)
 
     @app.get("/health", tags=["node"])

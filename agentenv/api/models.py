@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .limits import PRINTABLE, EnvVars, Metadata
+
 # The E2B SDK allows 1-20 forks per call.
 MAX_FORKS = 20
 
@@ -23,10 +25,10 @@ class AutoResume(_Request):
 class NewSandbox(_Request):
     """Body of `POST /sandboxes` and `POST /v2/sandboxes`."""
 
-    templateID: str = Field(min_length=1, max_length=256)
+    templateID: str = Field(min_length=1, max_length=256, pattern=PRINTABLE)
     timeout: int | None = Field(default=None, ge=0, le=10_000_000)
-    metadata: dict[str, str] = Field(default_factory=dict)
-    envVars: dict[str, str] = Field(default_factory=dict)
+    metadata: Metadata = Field(default_factory=dict)
+    envVars: EnvVars = Field(default_factory=dict)
     autoPause: bool = False
     autoResume: AutoResume | None = None
     secure: bool = False

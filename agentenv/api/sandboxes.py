@@ -90,9 +90,12 @@ def _encode_cursor(record: SandboxRecord) -> str:
 def _decode_cursor(token: str) -> tuple[datetime, str]:
     try:
         started, sandbox_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(started), sandbox_id
+        when = datetime.fromisoformat(started)
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
         raise InvalidInput("invalid nextToken") from exc
+    if when.tzinfo is None:  # ours always carry one; a naive time cannot be compared
+        raise InvalidInput("invalid nextToken: its time has no timezone")
+    return when, sandbox_id
 
 
 async def _template_for(node: Node, name: str) -> str:

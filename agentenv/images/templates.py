@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 from ..errors import InvalidInput, NotFound
 from ..storage.objectstore import ObjectNotFound, ObjectStore
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
 def validate_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise InvalidInput(
             f"template name {name!r} must be 1-63 of a-z, 0-9, '.', '_', '-' and start with "
             "a letter or digit"
@@ -63,6 +63,8 @@ class TemplateRegistry:
         self._store.put(_key(validate_name(record.template_id)), record.to_json())
 
     def get(self, template_id: str) -> TemplateRecord:
+        if not _NAME.fullmatch(template_id):  # no template can have it; never a store key
+            raise NotFound(f"template {template_id!r} not found")
         try:
             return TemplateRecord.from_json(self._store.get(_key(template_id)))
         except ObjectNotFound:

@@ -8,6 +8,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 import httpx
 
@@ -61,9 +62,12 @@ class SandboxProxy:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        raw_path = (scope.get("raw_path") or scope["path"].encode()).decode()
-        if scope.get("query_string"):
-            raw_path += "?" + scope["query_string"].decode()
+        try:
+            raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("ascii")
+            if scope.get("query_string"):
+                raw_path += "?" + scope["query_string"].decode("ascii")
+        except UnicodeDecodeError:
+            raw_path = ""  # not a sandbox's: the API answers it (404 or 400)
         try:
             target = find_target(headers, raw_path, self._domain)
         except BadTarget as exc:
@@ -169,10 +173,13 @@ def _token_ok(scope: Scope, target: Target, headers: dict, token: str) -> bool:
     given = headers.get(b"x-access-token", b"")
     if hmac.compare_digest(given, token.encode()):
         return True
-    if scope.get("method") == "GET" and target.path.split("?", 1)[0] == "/health":
+    # Decided on the path exactly as the guest gets it, unencoded: `/envs%3F/files` is not
+    # `/files`, whatever a decoder makes of it.
+    path, _, query = target.path.partition("?")
+    if scope.get("method") == "GET" and path == "/health":
         return True
     # Signed /files URLs carry no header; the agent verifies their signature itself.
-    return scope["path"].endswith("/files") and b"signature=" in scope.get("query_string", b"")
+    return path == "/files" and "signature" in parse_qs(query)
 
 
 async def _client_gone(receive: Receive) -> None:

@@ -28,13 +28,20 @@ def _port(value: str) -> int:
     return int(value)
 
 
+def _header_text(value: bytes) -> str:
+    try:
+        return value.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadTarget("E2b-Sandbox-Id and E2b-Sandbox-Port must be ASCII") from None
+
+
 def find_target(headers: dict[bytes, bytes], raw_path: str, domain: str) -> Target | None:
     """Header `E2b-Sandbox-Id` wins, then host `{port}-{id}.{domain}`, then the path form."""
     sandbox_id = headers.get(b"e2b-sandbox-id")
     if sandbox_id is not None:
-        port = headers.get(b"e2b-sandbox-port", str(AGENT_PORT).encode()).decode()
-        return Target(sandbox_id.decode(), _port(port), raw_path)
-    host = headers.get(b"host", b"").decode().rsplit(":", 1)[0].lower()
+        port = headers.get(b"e2b-sandbox-port", str(AGENT_PORT).encode())
+        return Target(_header_text(sandbox_id), _port(_header_text(port)), raw_path)
+    host = headers.get(b"host", b"").decode("latin-1").rsplit(":", 1)[0].lower()
     if domain and host.endswith("." + domain.lower()):
         label = host[: -len(domain) - 1]
         port, sep, sandbox_id_text = label.partition("-")

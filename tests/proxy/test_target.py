@@ -31,3 +31,12 @@ def test_path_routing_strips_the_prefix() -> None:
 def test_bad_ports_are_refused(port: bytes) -> None:
     with pytest.raises(BadTarget):
         find_target({b"e2b-sandbox-id": b"iabc", b"e2b-sandbox-port": port}, "/", "")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{b"e2b-sandbox-id": b"\xff"}, {b"e2b-sandbox-id": b"iabc", b"e2b-sandbox-port": b"\xc3\xa9"}],
+)
+def test_non_ascii_routing_headers_are_bad_targets(headers: dict[bytes, bytes]) -> None:
+    with pytest.raises(BadTarget, match="ASCII"):
+        find_target(headers, "/", "")

@@ -1,0 +1,105 @@
+"""Bounds on what a control-plane request may carry: its body, metadata and env vars.
+
+E2B publishes no numbers for these; ours keep any one request (and every list that
+returns what it stored) small: 64 entries, keys up to 256 bytes, values up to 4 KiB.
+File uploads never pass here: they go to the guest through the proxy, streamed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
+
+MAX_ENTRIES = 64
+MAX_KEY_BYTES = 256
+MAX_VALUE_BYTES = 4096
+# Printable text only: a NUL or control byte in a name is never meant, and breaks paths.
+PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+def _bounded(what: str) -> Callable[[dict[str, str]], dict[str, str]]:
+    def check(entries: dict[str, str]) -> dict[str, str]:
+        if len(entries) > MAX_ENTRIES:
+            raise ValueError(f"{what}: at most {MAX_ENTRIES} entries, {len(entries)} given")
+        for key, value in entries.items():
+            if not 0 < _utf8_bytes(what, key) <= MAX_KEY_BYTES:
+                raise ValueError(f"{what}: keys must be 1 to {MAX_KEY_BYTES} bytes")
+            if _utf8_bytes(what, value) > MAX_VALUE_BYTES:
+                raise ValueError(f"{what}: values are at most {MAX_VALUE_BYTES} bytes")
+            if "\x00" in key or "\x00" in value:
+                raise ValueError(f"{what}: NUL bytes are not allowed")
+        return entries
+
+    return check
+
+
+def _utf8_bytes(what: str, text: str) -> int:
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:  # a lone surrogate, which JSON can carry
+        raise ValueError(f"{what}: not valid UTF-8") from None
+
+
+Metadata = Annotated[dict[str, str], AfterValidator(_bounded("metadata"))]
+EnvVars = Annotated[dict[str, str], AfterValidator(_bounded("envVars"))]
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` gets 413 before it is parsed;
+    bodies are read up to the limit and handed on whole."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await self._refuse(send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, send: Send) -> None:
+        message = f"request body over {self.max_bytes} bytes"
+        payload = json.dumps({"code": 413, "message": message}).encode()
+        await send({
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"connection", b"close"),
+            ],
+        })  # fmt: skip
+        await send({"type": "http.response.body", "body": payload})
