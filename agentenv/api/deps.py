@@ -10,6 +10,7 @@ from ..config import Config
 from ..images.builder import TemplateBuilds
 from ..images.catalog import TemplateCatalog
 from ..images.pull import ImagePuller
+from ..runtime.fork import SandboxForks
 from ..runtime.manager import SandboxManager
 from ..runtime.node import Node
 
@@ -24,6 +25,10 @@ def _config(request: Request) -> Config:
 
 def _manager(request: Request) -> SandboxManager:
     return _node(request).manager
+
+
+def _forks(request: Request) -> SandboxForks:
+    return _node(request).forks
 
 
 def _catalog(request: Request) -> TemplateCatalog:
@@ -41,6 +46,7 @@ def _builds(request: Request) -> TemplateBuilds:
 NodeDep = Annotated[Node, Depends(_node)]
 ConfigDep = Annotated[Config, Depends(_config)]
 ManagerDep = Annotated[SandboxManager, Depends(_manager)]
+ForksDep = Annotated[SandboxForks, Depends(_forks)]
 CatalogDep = Annotated[TemplateCatalog, Depends(_catalog)]
 PullerDep = Annotated[ImagePuller, Depends(_puller)]
 BuildsDep = Annotated[TemplateBuilds, Depends(_builds)]

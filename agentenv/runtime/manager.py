@@ -1,6 +1,7 @@
-"""The node runtime: creates, tracks and removes sandboxes, each a VM in its own network.
+"""The sandboxes of one node: created, tracked and removed, each a VM in its own network.
 
-Every change of a sandbox goes through `_operate` (or `kill`): it takes the sandbox's
+Every change of a sandbox goes through `operate` (a create through `bring_up`, a kill
+through `kill`): it takes the sandbox's
 lock, moves it into the operation's transient state, runs the body and ends with DONE or
 FAILED, each persisted before anything else happens. Nothing else looks at states: the
 table in `lifecycle.py` decides what is allowed.
@@ -38,7 +39,7 @@ from ..net.netns import (
 )
 from ..net.policy import egress_policy
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
-from ..vmm.qemuimg import copy_sparse, create_qcow2
+from ..vmm.qemuimg import create_qcow2
 from .admission import Demand, admit, host_capacity
 from .bootsnap import (
     DISK_BYTES,
@@ -182,7 +183,7 @@ class SandboxManager:
         finally:
             self._operations.pop(sandbox_id, None)
 
-    async def _operate(
+    async def operate(
         self,
         sandbox_id: str,
         event: Event,
@@ -193,6 +194,7 @@ class SandboxManager:
         or FAILED (LOST for `GuestLost`) when the body fails or `kill` cancels it."""
         async with self._lock(sandbox_id):
             record = await self.get(sandbox_id)
+            next_state(record.state, event)  # a refused event is 409, before admission
             if admit_memory:
                 async with self._admission_lock:
                     await self._admit(demand_of(record), exclude=sandbox_id)
@@ -221,7 +223,7 @@ class SandboxManager:
             admit, demand, committed, self.capacity, self.cfg.sandbox, self.cfg.home
         )
 
-    def _clamp_timeout(self, timeout: int) -> int:
+    def clamp_timeout(self, timeout: int) -> int:
         if timeout < 0:
             raise InvalidInput("timeout must not be negative")
         return min(timeout, self.cfg.sandbox.max_timeout)
@@ -256,10 +258,10 @@ class SandboxManager:
         """Boot a sandbox; on any failure every acquired resource is released again."""
         template = await asyncio.to_thread(self.catalog.resolve, request.template_id)
         sandbox = self.cfg.sandbox
-        record = await self._new_record(
+        record = await self.new_record(
             template_id=template.template_id,
             alias=template.alias,
-            timeout=self._clamp_timeout(request.timeout),
+            timeout=self.clamp_timeout(request.timeout),
             vcpus=template.vcpus or sandbox.vcpus,
             memory_mb=template.memory_mb or sandbox.memory_mb,
             metadata=request.metadata,
@@ -268,11 +270,11 @@ class SandboxManager:
             allow_internet=request.allow_internet,
             secure=request.secure,
         )
-        return await self._bring_up(
+        return await self.bring_up(
             record, lambda cleanup: self._provision(record, template, cleanup)
         )
 
-    async def _new_record(
+    async def new_record(
         self,
         *,
         template_id: str,
@@ -313,7 +315,7 @@ class SandboxManager:
         crash_point("create.recorded")
         return record
 
-    async def _bring_up(
+    async def bring_up(
         self, record: SandboxRecord, provision: Callable[[CleanupStack], Awaitable[None]]
     ) -> SandboxRecord:
         """Run `provision` for a new record; on any failure (or a kill) every acquired
@@ -336,7 +338,7 @@ class SandboxManager:
     async def _provision(
         self, record: SandboxRecord, template: Template, cleanup: CleanupStack
     ) -> None:
-        overlay = self._make_workdir(record, cleanup) / "rootfs.qcow2"
+        overlay = self.make_workdir(record, cleanup) / "rootfs.qcow2"
         # Every disk gets the boot snapshots' size when its image fits (the guest sees it).
         size = DISK_BYTES if _disk_size(template) <= DISK_BYTES else None
         try:
@@ -345,15 +347,15 @@ class SandboxManager:
             )
         except VmmError as exc:
             raise Unavailable(str(exc)) from exc
-        await self._make_network(record, cleanup)
+        await self.make_network(record, cleanup)
         crash_point("create.network")
         agent = self.agent(record)
         handle = await self.launcher.start(
-            self._vm_spec(record, self.kit), agent, restorable=size is not None
+            self.vm_spec(record, self.kit), agent, restorable=size is not None
         )
         cleanup.push("vm", lambda: self.driver.stop(handle))
         crash_point("create.vm")
-        await self._save_vm(record, handle, self.kit)
+        await self.save_vm(record, handle, self.kit)
         await agent.init(
             {**template.env, **record.env_vars},
             record.access_token,
@@ -368,19 +370,19 @@ class SandboxManager:
                 # The sandbox is usable without it; the image's command is a convenience.
                 log.warning("sandbox %s: image command failed to start: %s", record.sandbox_id, exc)
 
-    def _make_workdir(self, record: SandboxRecord, cleanup: CleanupStack) -> Path:
+    def make_workdir(self, record: SandboxRecord, cleanup: CleanupStack) -> Path:
         workdir = self.workdir(record.sandbox_id)
         workdir.mkdir(parents=True)
         cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
         write_init_secret(workdir)
         return workdir
 
-    async def _make_network(self, record: SandboxRecord, cleanup: CleanupStack) -> None:
+    async def make_network(self, record: SandboxRecord, cleanup: CleanupStack) -> None:
         plan = self.network_plan(record)
         await create_network(plan, record.allow_internet, self.egress)
         cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
 
-    def _vm_spec(self, record: SandboxRecord, kit: Kit) -> VmSpec:
+    def vm_spec(self, record: SandboxRecord, kit: Kit) -> VmSpec:
         return sandbox_vm(
             kit,
             f"aenv-{record.sandbox_id}",
@@ -391,13 +393,13 @@ class SandboxManager:
             self.network_plan(record).netns,
         )
 
-    async def _save_vm(self, record: SandboxRecord, handle: VmHandle, kit: Kit) -> None:
+    async def save_vm(self, record: SandboxRecord, handle: VmHandle, kit: Kit) -> None:
         # The kit is pinned: a paused guest has its runtime disk mounted and must get it back.
         handle.extra["kit"] = kit.version
         record.vm = handle.to_dict()
         await self.store.update(record.sandbox_id, vm=record.vm)
 
-    def _pinned_kit(self, record: SandboxRecord) -> Kit:
+    def pinned_kit(self, record: SandboxRecord) -> Kit:
         version = (record.vm or {}).get("extra", {}).get("kit", self.kit.version)
         kit = self.kit if version == self.kit.version else load_kit(self.cfg, version)
         if kit is None:
@@ -440,19 +442,19 @@ class SandboxManager:
     async def set_timeout(self, sandbox_id: str, timeout: int) -> None:
         """New expiry = now + timeout; it may shorten the sandbox's life as well as extend it."""
         record = await self.get(sandbox_id)
-        end_at = now() + timedelta(seconds=self._clamp_timeout(timeout))
+        end_at = now() + timedelta(seconds=self.clamp_timeout(timeout))
         await self.store.update(record.sandbox_id, end_at=end_at)
 
     async def refresh(self, sandbox_id: str, duration: int) -> None:
         """Keep-alive: extend the expiry to at least now + duration, never shorten it."""
         record = await self.get(sandbox_id)
-        end_at = max(record.end_at, now() + timedelta(seconds=self._clamp_timeout(duration)))
+        end_at = max(record.end_at, now() + timedelta(seconds=self.clamp_timeout(duration)))
         await self.store.update(record.sandbox_id, end_at=end_at)
 
     async def pause(self, sandbox_id: str) -> None:
         """Save the guest's device state next to its RAM file and stop its VMM: a paused
         sandbox holds disk, not memory or CPU, until it is resumed."""
-        await self._operate(sandbox_id, Event.PAUSE, self._pause)
+        await self.operate(sandbox_id, Event.PAUSE, self._pause)
         log.info("sandbox %s paused", sandbox_id)
 
     async def _pause(self, record: SandboxRecord) -> None:
@@ -476,7 +478,7 @@ class SandboxManager:
             async with self._lock(sandbox_id):  # waits out an operation under way
                 record = await self.get(sandbox_id)
                 if not allows(record.state, Event.RESUME):
-                    wanted_end = now() + timedelta(seconds=self._clamp_timeout(timeout))
+                    wanted_end = now() + timedelta(seconds=self.clamp_timeout(timeout))
                     if wanted_end > record.end_at:
                         record.end_at = wanted_end
                         await self.store.update(sandbox_id, end_at=wanted_end)
@@ -485,7 +487,7 @@ class SandboxManager:
 
     async def resume(self, sandbox_id: str, timeout: int) -> SandboxRecord:
         """A paused sandbox's guest continues where it stopped; 409 unless it is paused."""
-        wanted_end = now() + timedelta(seconds=self._clamp_timeout(timeout))
+        wanted_end = now() + timedelta(seconds=self.clamp_timeout(timeout))
 
         async def restore(record: SandboxRecord) -> SandboxRecord:
             await self._restore_paused(record)
@@ -493,7 +495,7 @@ class SandboxManager:
             await self.store.update(sandbox_id, end_at=wanted_end)
             return record
 
-        record = await self._operate(sandbox_id, Event.RESUME, restore, admit_memory=True)
+        record = await self.operate(sandbox_id, Event.RESUME, restore, admit_memory=True)
         log.info("sandbox %s resumed", sandbox_id)
         return record
 
@@ -503,13 +505,13 @@ class SandboxManager:
         assert record.vm is not None
         # A VMM still there (paused in place by an older server) would hold the tap.
         await self.driver.stop(VmHandle.from_dict(record.vm))
-        kit = self._pinned_kit(record)
-        spec = self._vm_spec(record, kit)
+        kit = self.pinned_kit(record)
+        spec = self.vm_spec(record, kit)
         snapshot = self.snapshot_dir(record.sandbox_id)
         agent = self.agent(record)
         try:
             handle = await self.launcher.restore(
-                spec, agent, snapshot, launched=lambda vm: self._save_vm(record, vm, kit)
+                spec, agent, snapshot, launched=lambda vm: self.save_vm(record, vm, kit)
             )
             crash_point("resume.restored")
             try:
@@ -528,88 +530,6 @@ class SandboxManager:
 
     def snapshot_dir(self, sandbox_id: str) -> Path:
         return self.workdir(sandbox_id) / "snapshot"
-
-    async def fork(
-        self, sandbox_id: str, count: int, timeout: int | None
-    ) -> list[SandboxRecord | Exception]:
-        """Checkpoint a running sandbox in place (it keeps its id and expiry) and start
-        `count` sandboxes from that one checkpoint; each fork succeeds or fails alone."""
-        checkpoint = self.forks_dir() / secrets.token_hex(8)
-        source = await self._operate(
-            sandbox_id, Event.CHECKPOINT, lambda record: self._checkpoint(record, checkpoint)
-        )
-        try:
-            if timeout is None:
-                timeout = self.cfg.sandbox.default_timeout
-            wanted = self._clamp_timeout(timeout)
-            forks = (self._fork_one(source, checkpoint, wanted) for _ in range(count))
-            results = await asyncio.gather(*forks, return_exceptions=True)
-            crash_point("fork.children")
-        finally:
-            await asyncio.to_thread(shutil.rmtree, checkpoint, True)
-        outcomes: list[SandboxRecord | Exception] = []
-        for result in results:
-            if not isinstance(result, (SandboxRecord, Exception)):
-                raise result  # a cancellation, not one fork's failure
-            outcomes.append(result)
-        started = sum(isinstance(r, SandboxRecord) for r in outcomes)
-        log.info("sandbox %s forked into %d of %d", sandbox_id, started, count)
-        return outcomes
-
-    async def _checkpoint(self, source: SandboxRecord, checkpoint: Path) -> SandboxRecord:
-        """Device state, RAM and disk of `source` at one instant; it runs on afterwards."""
-        crash_point("fork.begun")
-        assert source.vm is not None
-        handle = VmHandle.from_dict(source.vm)
-        workdir = self.workdir(source.sandbox_id)
-        checkpoint.mkdir(parents=True)
-        try:
-            await self.driver.pause(handle, checkpoint)
-            crash_point("fork.frozen")
-            for name in ("memory", "rootfs.qcow2"):
-                await asyncio.to_thread(copy_sparse, workdir / name, checkpoint / name)
-            crash_point("fork.copied")
-        except BaseException:
-            await asyncio.to_thread(shutil.rmtree, checkpoint, True)
-            raise
-        finally:
-            await self.driver.resume(handle)
-        return source
-
-    async def _fork_one(
-        self, source: SandboxRecord, checkpoint: Path, timeout: int
-    ) -> SandboxRecord:
-        record = await self._new_record(
-            template_id=source.template_id,
-            alias=source.alias,
-            timeout=timeout,
-            vcpus=source.vcpus,
-            memory_mb=source.memory_mb,
-            metadata=dict(source.metadata),
-            env_vars=dict(source.env_vars),
-            auto_pause=source.auto_pause,
-            allow_internet=source.allow_internet,
-            secure=source.access_token is not None,
-        )
-        kit = self._pinned_kit(source)
-
-        async def provision(cleanup: CleanupStack) -> None:
-            workdir = self._make_workdir(record, cleanup)
-            await asyncio.to_thread(
-                copy_sparse, checkpoint / "rootfs.qcow2", workdir / "rootfs.qcow2"
-            )
-            await self._make_network(record, cleanup)
-            agent = self.agent(record)
-            try:
-                handle = await self.launcher.restore(self._vm_spec(record, kit), agent, checkpoint)
-            except (VmmError, TimeoutError) as exc:
-                raise Unavailable(f"fork could not start: {exc}") from exc
-            cleanup.push("vm", lambda: self.driver.stop(handle))
-            await self._save_vm(record, handle, kit)
-            # A new clock reading, entropy of its own, and its own access token.
-            await agent.init({}, record.access_token)
-
-        return await self._bring_up(record, provision)
 
     # -- recovery --------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from ..storage.stores import open_object_store
 from ..vmm.accel import AccelChoice, choose_accel
 from ..vmm.qemu import QemuDriver, run_dir_for
 from .bootsnap import BootSnapshots, Shape
+from .fork import SandboxForks
 from .manager import SandboxManager, guest_kernel_args
 from .recovery import recover
 from .sweeper import run_sweeper
@@ -41,6 +42,7 @@ class Node:
         cfg: Config,
         accelerator: AccelChoice,
         manager: SandboxManager,
+        forks: SandboxForks,
         catalog: TemplateCatalog,
         puller: ImagePuller,
         builds: TemplateBuilds,
@@ -49,6 +51,7 @@ class Node:
         self.cfg = cfg
         self.accelerator = accelerator
         self.manager = manager
+        self.forks = forks
         self.catalog = catalog
         self.puller = puller
         self.builds = builds
@@ -114,7 +117,7 @@ class Node:
         stack.push_async_callback(builds.close)
         sweeper = asyncio.create_task(run_sweeper(manager))
         stack.push_async_callback(_cancelled, sweeper)
-        return cls(cfg, accel, manager, catalog, puller, builds, stack)
+        return cls(cfg, accel, manager, SandboxForks(manager), catalog, puller, builds, stack)
 
     async def close(self) -> None:
         await self._stack.aclose()
