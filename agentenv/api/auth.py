@@ -6,8 +6,10 @@ import hmac
 import os
 import secrets
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Security
+from fastapi.security import APIKeyHeader
 
 from ..errors import Unauthorized
 
@@ -31,14 +33,18 @@ def load_or_create_api_key(configured: str, home: Path) -> tuple[str, bool]:
     return key, True
 
 
+# Declared as a security scheme (E2B's name for it), so `/openapi.json` says every route
+# needs it; the check and its errors stay ours.
+_API_KEY_HEADER = APIKeyHeader(name="X-API-Key", scheme_name="ApiKeyAuth", auto_error=False)
+
+
 class ApiKeyAuth:
     """A FastAPI dependency checking `X-API-Key` in constant time."""
 
     def __init__(self, key: str) -> None:
         self._key = key.encode()
 
-    async def __call__(self, request: Request) -> None:
-        given = request.headers.get("x-api-key")
+    async def __call__(self, given: Annotated[str | None, Security(_API_KEY_HEADER)]) -> None:
         if not given:
             raise Unauthorized("missing X-API-Key header")
         if not hmac.compare_digest(given.encode(), self._key):

@@ -20,8 +20,9 @@ from ..images.catalog import BASE
 from ..images.reference import parse_reference
 from ..images.templates import validate_name
 from .deps import BuildsDep, CatalogDep, ConfigDep
+from .errors import ERROR_RESPONSES
 
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 
 # Bounds on what a template may ask for (admission still checks the host has it).
 MAX_VCPUS = 16

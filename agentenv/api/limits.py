@@ -11,7 +11,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 MAX_ENTRIES = 64
 MAX_KEY_BYTES = 256
@@ -25,7 +25,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
-def _bounded(what: str) -> Callable[[dict[str, str]], dict[str, str]]:
+def _bounded(what: str, key_forbids: str) -> Callable[[dict[str, str]], dict[str, str]]:
     def check(entries: dict[str, str]) -> dict[str, str]:
         if len(entries) > MAX_ENTRIES:
             raise ValueError(f"{what}: at most {MAX_ENTRIES} entries, {len(entries)} given")
@@ -36,6 +36,8 @@ def _bounded(what: str) -> Callable[[dict[str, str]], dict[str, str]]:
                 raise ValueError(f"{what}: values are at most {MAX_VALUE_BYTES} bytes")
             if "\x00" in key or "\x00" in value:
                 raise ValueError(f"{what}: NUL bytes are not allowed")
+            if any(c in key for c in key_forbids):
+                raise ValueError(f"{what}: keys may not contain {key_forbids!r}")
         return entries
 
     return check
@@ -48,8 +50,36 @@ def _utf8_bytes(what: str, text: str) -> int:
         raise ValueError(f"{what}: not valid UTF-8") from None
 
 
-Metadata = Annotated[dict[str, str], AfterValidator(_bounded("metadata"))]
-EnvVars = Annotated[dict[str, str], AfterValidator(_bounded("envVars"))]
+def _schema(key_forbids: str) -> dict[str, Any]:
+    """The bounds as JSON Schema, for clients and the fuzzer; lengths there count
+    characters, which are never more than the bytes checked."""
+    return {
+        "type": "object",
+        "maxProperties": MAX_ENTRIES,
+        "propertyNames": {
+            "minLength": 1,
+            "maxLength": MAX_KEY_BYTES,
+            "pattern": f"^[^\\x00{key_forbids}]*$",
+        },
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": MAX_VALUE_BYTES,
+            "pattern": "^[^\\x00]*$",
+        },
+    }
+
+
+Metadata = Annotated[
+    dict[str, str],
+    AfterValidator(_bounded("metadata", "")),
+    Field(json_schema_extra=_schema("")),
+]
+# An environment variable's name ends at its first '=': one with '=' in it cannot be set.
+EnvVars = Annotated[
+    dict[str, str],
+    AfterValidator(_bounded("envVars", "=")),
+    Field(json_schema_extra=_schema("=")),
+]
 
 
 class BodyLimit:

@@ -22,6 +22,7 @@ from ..runtime.lifecycle import PUBLIC_STATE
 from ..runtime.manager import CreateRequest
 from ..runtime.node import Node
 from .deps import ConfigDep, ManagerDep, NodeDep
+from .errors import ERROR_RESPONSES
 from .models import (
     ConnectBody,
     ForkBody,
@@ -38,7 +39,7 @@ from .models import (
 
 CLIENT_ID = "aenv"
 
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 log = logging.getLogger(__name__)
 
 
@@ -277,7 +278,7 @@ async def fork_sandbox(
 ) -> list[dict[str, Any]]:
     """Checkpoint the sandbox in place and start `count` forks; one result per fork."""
     body = body or ForkBody()
-    results = await node.manager.fork(sandbox_id, body.count, body.timeout)
+    results = await node.forks.fork(sandbox_id, body.count, body.timeout)
     domain = _domain(node.cfg)
     out: list[dict[str, Any]] = []
     for result in results:

@@ -17,8 +17,9 @@ from ..images.catalog import BASE, TemplateCatalog
 from ..images.reference import parse_reference
 from ..images.templates import TemplateRecord
 from .deps import CatalogDep, ConfigDep, PullerDep
+from .errors import ERROR_RESPONSES
 
-router = APIRouter()
+router = APIRouter(responses=ERROR_RESPONSES)
 
 
 class PullBody(BaseModel):

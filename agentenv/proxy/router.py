@@ -8,9 +8,9 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import parse_qs
 
 import httpx
+from yarl import URL
 
 from ..runtime.manager import AGENT_PORT, Route
 from .target import BadTarget, Target, find_target
@@ -62,14 +62,12 @@ class SandboxProxy:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
+        raw_path = _request_target(scope)
         try:
-            raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("ascii")
-            if scope.get("query_string"):
-                raw_path += "?" + scope["query_string"].decode("ascii")
-        except UnicodeDecodeError:
-            raw_path = ""  # not a sandbox's: the API answers it (404 or 400)
-        try:
-            target = find_target(headers, raw_path, self._domain)
+            target = find_target(headers, raw_path or "", self._domain)
+            # It is appended to the guest's address: `*` (OPTIONS *) would make it a port.
+            if target is not None and not (raw_path or "").startswith("/"):
+                raise BadTarget("the request path must be ASCII and begin with '/'")
         except BadTarget as exc:
             await _refuse(scope, send, 400, str(exc))
             return
@@ -167,19 +165,32 @@ async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
         await _send_error(send, status, message)
 
 
+def _request_target(scope: Scope) -> str | None:
+    """Path and query exactly as the client sent them; None if they are not ASCII."""
+    try:
+        raw_path = (scope.get("raw_path") or scope["path"].encode()).decode("ascii")
+        query = scope.get("query_string", b"").decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    return f"{raw_path}?{query}" if query else raw_path
+
+
 def _token_ok(scope: Scope, target: Target, headers: dict, token: str) -> bool:
     """The envd access token guards the agent's port only (other ports are the user's own
     servers, public as on E2B); its health check stays open, as the agent's is."""
     given = headers.get(b"x-access-token", b"")
     if hmac.compare_digest(given, token.encode()):
         return True
-    # Decided on the path exactly as the guest gets it, unencoded: `/envs%3F/files` is not
-    # `/files`, whatever a decoder makes of it.
+    # The open routes must be spelt plainly: the path is forwarded as sent and the agent
+    # decodes it, so `/envs%3F/files` (the agent's `/envs?/files`) or `/%66iles` never
+    # count as `/files`; a plain path reads the same before and after decoding.
     path, _, query = target.path.partition("?")
     if scope.get("method") == "GET" and path == "/health":
         return True
-    # Signed /files URLs carry no header; the agent verifies their signature itself.
-    return path == "/files" and "signature" in parse_qs(query)
+    # Signed /files URLs carry no header; the agent verifies their signature itself. The
+    # query is split by yarl, as the agent's aiohttp splits it.
+    signed = "signature" in URL.build(query_string=query, encoded=True).query
+    return path == "/files" and signed
 
 
 async def _client_gone(receive: Receive) -> None:

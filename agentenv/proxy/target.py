@@ -23,7 +23,9 @@ class BadTarget(ValueError):
 
 
 def _port(value: str) -> int:
-    if not value.isdigit() or not 0 < int(value) < 65536:
+    # ASCII digits only: `str.isdigit` also takes '²' (a Host header is read as Latin-1),
+    # which `int` then refuses.
+    if not (value.isascii() and value.isdigit()) or not 0 < int(value) < 65536:
         raise BadTarget(f"{value!r} is not a TCP port number")
     return int(value)
 

@@ -29,6 +29,9 @@ class UpstreamClients:
             return entry[1]
         self._drop_stale()
         client = httpx.AsyncClient(
+            # Guests are on this host: an HTTP(S)_PROXY set for the server's own egress
+            # must not carry sandbox traffic off it.
+            trust_env=False,
             timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0),
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=20),
         )

@@ -25,7 +25,12 @@ async def bridge_websocket(
     """Open the guest's WebSocket first, then accept the client's, then pump until one closes."""
     if (await receive())["type"] != "websocket.connect":
         return
-    headers = {k.decode(): v.decode() for k, v in scope["headers"] if k.lower() not in _HANDSHAKE}
+    # Latin-1, as HTTP reads header bytes: any byte decodes, so no header can fail the bridge.
+    headers = {
+        k.decode("latin-1"): v.decode("latin-1")
+        for k, v in scope["headers"]
+        if k.lower() not in _HANDSHAKE
+    }
     async with aiohttp.ClientSession() as session:
         try:
             upstream = await session.ws_connect(

@@ -44,11 +44,13 @@ def raw_request(server: LiveServer, method: str, path: str, headers: dict, body:
         ({"templateID": "base", "metadata": {"k": "v" * (MAX_VALUE_BYTES + 1)}}, "at most 4096"),
         ({"templateID": "base", "envVars": {"": "v"}}, "keys must be"),
         ({"templateID": "base", "envVars": {"A": "a\x00b"}}, "NUL"),
+        ({"templateID": "base", "envVars": {"A=B": "c"}}, "may not contain '='"),
     ],
 )  # fmt: skip
-def test_bad_bodies_are_400(server: LiveServer, body: dict, text: str) -> None:
+@pytest.mark.parametrize("create", ["/v2/sandboxes", "/sandboxes"])
+def test_bad_bodies_are_400(server: LiveServer, create: str, body: dict, text: str) -> None:
     with server.client() as api:
-        response = api.post("/v2/sandboxes", json=body)
+        response = api.post(create, json=body)
         assert response.status_code == 400, response.text
         assert text in response.json()["message"]
         assert api.get("/v2/sandboxes").json() == []
@@ -108,3 +110,23 @@ def test_non_ascii_routing_headers_are_400(server: LiveServer, headers: dict) ->
 def test_odd_template_ids_are_404(server: LiveServer, template_id: str) -> None:
     status, body = raw_request(server, "GET", f"/templates/{template_id}", {"X-API-Key": TEST_KEY})
     assert (status, body["code"]) == (404, 404)
+
+
+@pytest.mark.parametrize("sandbox_id", ["%00", "%FF%FE", "..%2F..%2Fetc", "i" * 300, "%E2%80%AE"])
+@pytest.mark.parametrize(
+    ("method", "suffix"),
+    [("GET", ""), ("DELETE", ""), ("POST", "/pause"), ("GET", "/metrics"), ("POST", "/connect")],
+)
+def test_odd_sandbox_ids_are_404(
+    server: LiveServer, sandbox_id: str, method: str, suffix: str
+) -> None:
+    path = f"/sandboxes/{sandbox_id}{suffix}"
+    status, body = raw_request(server, method, path, {"X-API-Key": TEST_KEY})
+    assert (status, body["code"]) == (404, 404)
+
+
+def test_a_wrong_method_is_405_naming_the_allowed_ones(server: LiveServer) -> None:
+    with server.client() as api:
+        response = api.put("/sandboxes/iabc")
+        assert (response.status_code, response.json()["code"]) == (405, 405)
+        assert "GET" in response.headers["allow"]

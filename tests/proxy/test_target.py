@@ -40,3 +40,10 @@ def test_bad_ports_are_refused(port: bytes) -> None:
 def test_non_ascii_routing_headers_are_bad_targets(headers: dict[bytes, bytes]) -> None:
     with pytest.raises(BadTarget, match="ASCII"):
         find_target(headers, "/", "")
+
+
+@pytest.mark.parametrize("port", ["\xb2", "\xb9000"])  # '²', '¹000': digits to str.isdigit
+def test_non_ascii_digits_in_a_host_are_bad_targets(port: str) -> None:
+    host = f"{port}-iabc.sbx.example.com".encode("latin-1")
+    with pytest.raises(BadTarget, match="not a TCP port"):
+        find_target({b"host": host}, "/", "sbx.example.com")

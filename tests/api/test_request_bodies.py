@@ -1,0 +1,72 @@
+"""Bounds on request bodies and list cursors, checked without a server."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from agentenv.api.limits import MAX_ENTRIES, MAX_KEY_BYTES, MAX_VALUE_BYTES
+from agentenv.api.models import NewSandbox
+from agentenv.api.sandboxes import _decode_cursor
+from agentenv.errors import InvalidInput
+
+
+@pytest.mark.parametrize(
+    ("fields", "text"),
+    [
+        ({"templateID": "ba\x00se"}, "templateID"),
+        ({"templateID": "base\n"}, "templateID"),
+        ({"metadata": {str(i): "" for i in range(MAX_ENTRIES + 1)}}, "at most 64 entries"),
+        ({"metadata": {"k" * (MAX_KEY_BYTES + 1): ""}}, "keys must be 1 to 256 bytes"),
+        # Bytes, not characters: 2049 two-byte characters are 4098 bytes.
+        ({"metadata": {"k": "é" * (MAX_VALUE_BYTES // 2 + 1)}}, "at most 4096 bytes"),
+        ({"metadata": {"k": "\ud800"}}, "not valid UTF-8"),
+        ({"envVars": {"": "v"}}, "keys must be"),
+        ({"envVars": {"A": "a\x00b"}}, "NUL"),
+        ({"envVars": {"A=B": "c"}}, "may not contain '='"),
+    ],
+)
+def test_bad_create_bodies_are_refused(fields: dict[str, Any], text: str) -> None:
+    with pytest.raises(ValidationError, match=text):
+        NewSandbox(**{"templateID": "base", **fields})
+
+
+def test_bodies_at_the_bounds_are_accepted() -> None:
+    entries = {f"{i:0{MAX_KEY_BYTES}d}": "v" * MAX_VALUE_BYTES for i in range(MAX_ENTRIES)}
+    body = NewSandbox(templateID="base", metadata=entries, envVars={"A": "x=y"})
+    assert len(body.metadata) == MAX_ENTRIES
+
+
+def test_the_schema_states_the_bounds() -> None:
+    """So clients and the fuzzer send what the server takes."""
+    properties = NewSandbox.model_json_schema()["properties"]
+    for field in ("metadata", "envVars"):
+        assert properties[field]["maxProperties"] == MAX_ENTRIES
+        assert properties[field]["propertyNames"]["maxLength"] == MAX_KEY_BYTES
+        assert properties[field]["additionalProperties"]["maxLength"] == MAX_VALUE_BYTES
+    assert "=" in properties["envVars"]["propertyNames"]["pattern"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [
+        (b"2026-01-01T00:00:00|iabc", "no timezone"),
+        (b"not a time|iabc", "invalid nextToken"),
+        (b"no separator", "invalid nextToken"),
+        (b"\xff\xfe|iabc", "invalid nextToken"),
+    ],
+)
+def test_bad_cursors_are_invalid_input(raw: bytes, text: str) -> None:
+    with pytest.raises(InvalidInput, match=text):
+        _decode_cursor(base64.urlsafe_b64encode(raw).decode())
+    with pytest.raises(InvalidInput):
+        _decode_cursor("%%%")
+
+
+def test_a_cursor_of_ours_reads_back() -> None:
+    token = base64.urlsafe_b64encode(b"2026-01-01T00:00:00+00:00|iabc").decode()
+    when, sandbox_id = _decode_cursor(token)
+    assert (when.year, when.tzinfo is not None, sandbox_id) == (2026, True, "iabc")
