@@ -149,6 +149,7 @@ class HostResources:
     mounts: int
     sockets: int
     checkpoints: int
+    snapshots: int = 0
 
     @classmethod
     def measure(cls, home: Path, prefix: str) -> HostResources:
@@ -174,7 +175,10 @@ class HostResources:
         sockets = sum(1 for _ in run_dir.glob("aenv-i*.qmp")) if run_dir.exists() else 0
         forks = home / "forks"
         checkpoints = sum(1 for _ in forks.iterdir()) if forks.exists() else 0
-        return cls(vmms, namespaces, links, workdirs, mounts, sockets, checkpoints)
+        # Snapshot files (`snapshots/<name>/<tag>`), staged ones included.
+        snapshot_root = home / "snapshots"
+        snapshots = sum(1 for _ in snapshot_root.glob("*/*")) if snapshot_root.exists() else 0
+        return cls(vmms, namespaces, links, workdirs, mounts, sockets, checkpoints, snapshots)
 
 
 def _pids_mentioning(text: str) -> Iterator[int]:

@@ -13,6 +13,8 @@ from ..images.pull import ImagePuller
 from ..runtime.fork import SandboxForks
 from ..runtime.manager import SandboxManager
 from ..runtime.node import Node
+from ..runtime.pause import SandboxPauses
+from ..runtime.snapshots import SandboxSnapshots
 
 
 def _node(request: Request) -> Node:
@@ -31,6 +33,14 @@ def _forks(request: Request) -> SandboxForks:
     return _node(request).forks
 
 
+def _pauses(request: Request) -> SandboxPauses:
+    return _node(request).pauses
+
+
+def _snapshots(request: Request) -> SandboxSnapshots:
+    return _node(request).snapshots
+
+
 def _catalog(request: Request) -> TemplateCatalog:
     return _node(request).catalog
 
@@ -47,6 +57,8 @@ NodeDep = Annotated[Node, Depends(_node)]
 ConfigDep = Annotated[Config, Depends(_config)]
 ManagerDep = Annotated[SandboxManager, Depends(_manager)]
 ForksDep = Annotated[SandboxForks, Depends(_forks)]
+PausesDep = Annotated[SandboxPauses, Depends(_pauses)]
+SnapshotsDep = Annotated[SandboxSnapshots, Depends(_snapshots)]
 CatalogDep = Annotated[TemplateCatalog, Depends(_catalog)]
 PullerDep = Annotated[ImagePuller, Depends(_puller)]
 BuildsDep = Annotated[TemplateBuilds, Depends(_builds)]

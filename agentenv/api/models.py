@@ -30,6 +30,8 @@ class NewSandbox(_Request):
     metadata: Metadata = Field(default_factory=dict)
     envVars: EnvVars = Field(default_factory=dict)
     autoPause: bool = False
+    # False: a timeout's auto-pause keeps the filesystem only.
+    autoPauseMemory: bool = True
     autoResume: AutoResume | None = None
     secure: bool = False
     allow_internet_access: bool = True
@@ -44,15 +46,40 @@ class RefreshBody(_Request):
 
 
 class PauseBody(_Request):
-    # False asks for a filesystem-only snapshot, which is not offered.
+    # False: keep the filesystem only; a resume then starts a fresh guest on it.
     memory: bool = True
+    # True: refuse (503) while the guest agent does not answer.
     requireHealthyGuest: bool = False
 
 
 class ConnectBody(_Request):
     timeout: int | None = Field(default=None, ge=0, le=10_000_000)
-    # False asks to reboot instead of resuming memory, which is not offered.
+    # False: start a fresh guest on the paused sandbox's disk instead of its memory.
     memory: bool = True
+
+
+class SnapshotBody(_Request):
+    """Body of `POST /sandboxes/{id}/snapshots`."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=63)
+    # False: keep the filesystem only; sandboxes made from it start a fresh guest.
+    memory: bool = True
+
+
+class RollbackBody(_Request):
+    snapshotID: str = Field(min_length=1, max_length=256, pattern=PRINTABLE)
+
+
+class SnapshotInfo(BaseModel):
+    """E2B's fields, then what a snapshot is (E2B's SDK ignores the rest)."""
+
+    snapshotID: str
+    names: list[str]
+    sandboxID: str
+    templateID: str
+    memory: bool
+    sizeBytes: int
+    createdAt: datetime
 
 
 class ForkBody(_Request):
@@ -98,6 +125,7 @@ class SandboxDetail(ListedSandbox):
     allowInternetAccess: bool | None = None
     domain: str | None = None
     lifecycle: Lifecycle | None = None
+    pauseMode: Literal["full", "filesystem"] | None = None
 
 
 class SandboxMetric(BaseModel):

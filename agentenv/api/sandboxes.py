@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -21,7 +19,7 @@ from ..images.reference import parse_reference
 from ..runtime.lifecycle import PUBLIC_STATE
 from ..runtime.manager import CreateRequest
 from ..runtime.node import Node
-from .deps import ConfigDep, ManagerDep, NodeDep
+from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
 from .errors import ERROR_RESPONSES
 from .models import (
     ConnectBody,
@@ -36,6 +34,7 @@ from .models import (
     SandboxMetric,
     TimeoutBody,
 )
+from .pagination import decode_cursor, encode_cursor
 
 CLIENT_ID = "aenv"
 
@@ -43,11 +42,11 @@ router = APIRouter(responses=ERROR_RESPONSES)
 log = logging.getLogger(__name__)
 
 
-def _domain(cfg: Config) -> str | None:
+def public_domain(cfg: Config) -> str | None:
     return cfg.server.domain or None
 
 
-def _sandbox(record: SandboxRecord, domain: str | None) -> Sandbox:
+def sandbox_answer(record: SandboxRecord, domain: str | None) -> Sandbox:
     return Sandbox(
         templateID=record.template_id,
         sandboxID=record.sandbox_id,
@@ -83,22 +82,6 @@ def parse_metadata_filter(raw: str | None) -> dict[str, str]:
     return {unquote(k): unquote(v) for k, v in parse_qsl(raw, keep_blank_values=True)}
 
 
-def _encode_cursor(record: SandboxRecord) -> str:
-    raw = f"{record.started_at.isoformat()}|{record.sandbox_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_cursor(token: str) -> tuple[datetime, str]:
-    try:
-        started, sandbox_id = base64.urlsafe_b64decode(token.encode()).decode().split("|", 1)
-        when = datetime.fromisoformat(started)
-    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise InvalidInput("invalid nextToken") from exc
-    if when.tzinfo is None:  # ours always carry one; a naive time cannot be compared
-        raise InvalidInput("invalid nextToken: its time has no timezone")
-    return when, sandbox_id
-
-
 async def _template_for(node: Node, name: str) -> str:
     """A template name as is; an image reference is pulled first (once) into a template."""
     if not any(c in name for c in "/:@"):
@@ -116,19 +99,24 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
     cfg = node.cfg
     if body.autoResume and body.autoResume.enabled:
         raise InvalidInput("autoResume is not supported yet")
-    template_id = await _template_for(node, body.templateID)
-    record = await node.manager.create(
-        CreateRequest(
-            template_id=template_id,
-            timeout=cfg.sandbox.default_timeout if body.timeout is None else body.timeout,
-            metadata=body.metadata,
-            env_vars=body.envVars,
-            auto_pause=body.autoPause,
-            allow_internet=body.allow_internet_access,
-            secure=secure,
-        )
+    request = CreateRequest(
+        template_id=body.templateID,
+        timeout=cfg.sandbox.default_timeout if body.timeout is None else body.timeout,
+        metadata=body.metadata,
+        env_vars=body.envVars,
+        auto_pause=body.autoPause,
+        auto_pause_memory=body.autoPauseMemory,
+        allow_internet=body.allow_internet_access,
+        secure=secure,
     )
-    return _sandbox(record, _domain(cfg))
+    # A snapshot's id (`name:tag`) looks like an image reference: snapshots come first.
+    snapshot = await asyncio.to_thread(node.snapshots.registry.lookup, body.templateID)
+    if snapshot is not None:
+        record = await node.snapshots.create(snapshot, request)
+    else:
+        request.template_id = await _template_for(node, body.templateID)
+        record = await node.manager.create(request)
+    return sandbox_answer(record, public_domain(cfg))
 
 
 @router.post("/v2/sandboxes", status_code=201, response_model_exclude_none=False)
@@ -165,14 +153,14 @@ async def list_sandboxes_v2(
     ]
     records.sort(key=lambda r: (r.started_at, r.sandbox_id), reverse=order == "desc")
     if nextToken:
-        cursor = _decode_cursor(nextToken)
+        cursor = decode_cursor(nextToken)
         if order == "desc":
             records = [r for r in records if (r.started_at, r.sandbox_id) < cursor]
         else:
             records = [r for r in records if (r.started_at, r.sandbox_id) > cursor]
     page = records[:limit]
     if len(records) > limit:
-        response.headers["x-next-token"] = _encode_cursor(page[-1])
+        response.headers["x-next-token"] = encode_cursor(page[-1].started_at, page[-1].sandbox_id)
     return [ListedSandbox(**_listed_fields(r)) for r in page]
 
 
@@ -197,8 +185,9 @@ async def get_sandbox(manager: ManagerDep, cfg: ConfigDep, sandbox_id: str) -> S
         **_listed_fields(record),
         envdAccessToken=record.access_token,
         allowInternetAccess=record.allow_internet,
-        domain=_domain(cfg),
+        domain=public_domain(cfg),
         lifecycle=Lifecycle(autoResume=False, onTimeout="pause" if record.auto_pause else "kill"),
+        pauseMode=record.pause_mode if PUBLIC_STATE[record.state] == "paused" else None,
     )
 
 
@@ -224,28 +213,26 @@ async def refresh(
 
 @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
 async def pause_sandbox(
-    manager: ManagerDep, sandbox_id: str, body: PauseBody | None = None
+    pauses: PausesDep, sandbox_id: str, body: PauseBody | None = None
 ) -> Response:
-    if body is not None and not body.memory:
-        raise InvalidInput("filesystem-only pause (memory=false) is not supported")
-    await manager.pause(sandbox_id)
+    """`memory: false` keeps the disk alone; a resume then starts a fresh guest on it."""
+    body = body or PauseBody()
+    await pauses.pause(sandbox_id, body.memory, body.requireHealthyGuest)
     return Response(status_code=204)
 
 
-def _resume_timeout(cfg: Config, body: ConnectBody | None) -> int:
-    body = body or ConnectBody()
-    if not body.memory:
-        raise InvalidInput("resuming by reboot (memory=false) is not supported")
+def _resume_timeout(cfg: Config, body: ConnectBody) -> int:
     return cfg.sandbox.default_timeout if body.timeout is None else body.timeout
 
 
 async def _connect(
     node: Node, response: Response, sandbox_id: str, body: ConnectBody | None
 ) -> Sandbox:
+    body = body or ConnectBody()
     timeout = _resume_timeout(node.cfg, body)
-    record, resumed = await node.manager.connect(sandbox_id, timeout)
+    record, resumed = await node.pauses.connect(sandbox_id, timeout, body.memory)
     response.status_code = 201 if resumed else 200
-    return _sandbox(record, _domain(node.cfg))
+    return sandbox_answer(record, public_domain(node.cfg))
 
 
 @router.post("/v2/sandboxes/{sandbox_id}/connect", status_code=200)
@@ -268,8 +255,9 @@ async def resume_sandbox(
     node: NodeDep, sandbox_id: str, body: ConnectBody | None = None
 ) -> Sandbox:
     """SDK 2.0-2.5: resume a paused sandbox; a running one is a 409."""
-    record = await node.manager.resume(sandbox_id, _resume_timeout(node.cfg, body))
-    return _sandbox(record, _domain(node.cfg))
+    body = body or ConnectBody()
+    record = await node.pauses.resume(sandbox_id, _resume_timeout(node.cfg, body), body.memory)
+    return sandbox_answer(record, public_domain(node.cfg))
 
 
 @router.post("/sandboxes/{sandbox_id}/fork", status_code=201)
@@ -279,11 +267,11 @@ async def fork_sandbox(
     """Checkpoint the sandbox in place and start `count` forks; one result per fork."""
     body = body or ForkBody()
     results = await node.forks.fork(sandbox_id, body.count, body.timeout)
-    domain = _domain(node.cfg)
+    domain = public_domain(node.cfg)
     out: list[dict[str, Any]] = []
     for result in results:
         if isinstance(result, SandboxRecord):
-            out.append({"sandbox": _sandbox(result, domain).model_dump(mode="json")})
+            out.append({"sandbox": sandbox_answer(result, domain).model_dump(mode="json")})
         elif isinstance(result, AenvError):
             out.append({"error": {"code": result.status, "message": result.message}})
         else:

@@ -15,8 +15,9 @@ from ..config import Config
 from ..errors import AenvError, Conflict
 from ..images.catalog import BASE, TemplateCatalog
 from ..images.reference import parse_reference
+from ..images.snapshots import split_ref
 from ..images.templates import TemplateRecord
-from .deps import CatalogDep, ConfigDep, PullerDep
+from .deps import CatalogDep, ConfigDep, PullerDep, SnapshotsDep
 from .errors import ERROR_RESPONSES
 
 router = APIRouter(responses=ERROR_RESPONSES)
@@ -94,10 +95,18 @@ async def get_template(catalog: CatalogDep, cfg: ConfigDep, template_id: str) ->
 
 
 @router.delete("/templates/{template_id}", status_code=204)
-async def delete_template(catalog: CatalogDep, template_id: str) -> Response:
+async def delete_template(
+    catalog: CatalogDep, snapshots: SnapshotsDep, template_id: str
+) -> Response:
+    """A template, or a snapshot: `name` (every build) or `name:tag` (one), as E2B's SDK
+    deletes snapshots; sandboxes made from a snapshot keep their own copies."""
     if template_id == BASE:
         raise Conflict("the built-in 'base' template cannot be deleted")
-    await asyncio.to_thread(catalog.templates.delete, template_id)
+    name, _ = split_ref(template_id)
+    if ":" in template_id or await asyncio.to_thread(snapshots.registry.builds, name):
+        await snapshots.delete(template_id)
+    else:
+        await asyncio.to_thread(catalog.templates.delete, template_id)
     return Response(status_code=204)
 
 

@@ -172,12 +172,15 @@ class ApiClient(_Base):
     def kill_sandbox(self, sandbox_id: str) -> None:
         self._call("DELETE", f"/sandboxes/{quote(sandbox_id, safe='')}")
 
-    def pause_sandbox(self, sandbox_id: str) -> None:
-        self._call("POST", f"/sandboxes/{quote(sandbox_id, safe='')}/pause", json={})
+    def pause_sandbox(self, sandbox_id: str, memory: bool = True) -> None:
+        path = f"/sandboxes/{quote(sandbox_id, safe='')}/pause"
+        self._call("POST", path, json={"memory": memory})
 
-    def resume_sandbox(self, sandbox_id: str, timeout: int | None) -> bool:
+    def resume_sandbox(self, sandbox_id: str, timeout: int | None, memory: bool = True) -> bool:
         """Connect to a sandbox, resuming it if paused; True if it was paused."""
-        body = {"timeout": timeout} if timeout is not None else {}
+        body: dict[str, Any] = {"memory": memory}
+        if timeout is not None:
+            body["timeout"] = timeout
         path = f"/sandboxes/{quote(sandbox_id, safe='')}/connect"
         response = self._call("POST", path, json=body)
         return response.status_code == 201
@@ -191,6 +194,29 @@ class ApiClient(_Base):
             body["timeout"] = timeout
         path = f"/sandboxes/{quote(sandbox_id, safe='')}/fork"
         return self._call("POST", path, json=body, timeout=httpx.Timeout(600.0, connect=5.0)).json()
+
+    def create_snapshot(self, sandbox_id: str, name: str | None, memory: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"memory": memory}
+        if name:
+            body["name"] = name
+        path = f"/sandboxes/{quote(sandbox_id, safe='')}/snapshots"
+        return self._call("POST", path, json=body, timeout=httpx.Timeout(600.0, connect=5.0)).json()
+
+    def list_snapshots(self, sandbox_id: str | None, name: str | None) -> list[dict[str, Any]]:
+        params = {k: v for k, v in (("sandboxID", sandbox_id), ("name", name)) if v}
+        items: list[dict[str, Any]] = []
+        while True:
+            response = self._call("GET", "/snapshots", params=params)
+            items += response.json()
+            token = response.headers.get("x-next-token")
+            if not token:
+                return items
+            params["nextToken"] = token
+
+    def rollback(self, sandbox_id: str, snapshot_id: str) -> dict[str, Any]:
+        path = f"/sandboxes/{quote(sandbox_id, safe='')}/rollback"
+        timeout = httpx.Timeout(600.0, connect=5.0)
+        return self._call("POST", path, json={"snapshotID": snapshot_id}, timeout=timeout).json()
 
     def set_timeout(self, sandbox_id: str, seconds: int) -> None:
         self._call(

@@ -188,13 +188,17 @@ def cmd_rm(ctx: Context, args: argparse.Namespace) -> int:
 
 def cmd_pause(ctx: Context, args: argparse.Namespace) -> int:
     """Pause sandboxes (their state is saved, their VMs stop); exit 1 if any failed."""
-    return _each(ctx, args.ids, lambda api, sandbox_id: api.pause_sandbox(sandbox_id))
+    memory = not args.filesystem
+    return _each(ctx, args.ids, lambda api, sandbox_id: api.pause_sandbox(sandbox_id, memory))
 
 
 def cmd_resume(ctx: Context, args: argparse.Namespace) -> int:
     """Resume paused sandboxes where they stopped (running ones only get the timeout)."""
+    memory = not args.reboot
     return _each(
-        ctx, args.ids, lambda api, sandbox_id: api.resume_sandbox(sandbox_id, args.timeout)
+        ctx,
+        args.ids,
+        lambda api, sandbox_id: api.resume_sandbox(sandbox_id, args.timeout, memory),
     )
 
 

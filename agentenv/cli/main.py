@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import httpx
 
-from agentenv.cli import commands, doctor, files, host, templates
+from agentenv.cli import commands, doctor, files, host, snapshots, templates
 from agentenv.cli.client import ApiError, ServerUnreachable
 from agentenv.cli.context import CliError, Context
 from agentenv.guest.rpc import ConnectError
@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key", help="API key")
 
     p = _add(sub, "start", commands.cmd_start, "create a sandbox and open a shell in it")
-    p.add_argument("template", nargs="?", default="base", help="template (default: base)")
+    p.add_argument(
+        "template", nargs="?", default="base", help="template or snapshot (default: base)"
+    )
     p.add_argument("-d", "--detach", action="store_true", help="print the sandbox id and exit")
     p.add_argument("--timeout", type=int, metavar="SECONDS", help="lifetime (server default 300)")
     p.add_argument("--env", action="append", metavar="K=V", help="sandbox env var (repeatable)")
@@ -72,10 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "pause", commands.cmd_pause, "pause sandboxes (state saved, VM stopped)")
     p.add_argument("ids", nargs="+", metavar="ID")
+    p.add_argument("--filesystem", action="store_true", help="keep the disk only, not memory")
 
     p = _add(sub, "resume", commands.cmd_resume, "resume paused sandboxes where they stopped")
     p.add_argument("ids", nargs="+", metavar="ID")
     p.add_argument("--timeout", type=int, metavar="SECONDS", help="lifetime from now")
+    p.add_argument("--reboot", action="store_true", help="fresh guest on the disk, no memory")
+
+    p = _add(sub, "rollback", snapshots.cmd_rollback, "put a sandbox back to a snapshot")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("snapshot", metavar="SNAPSHOT")
 
     p = _add(sub, "fork", commands.cmd_fork, "fork a running sandbox; print the new ids")
     p.add_argument("id", metavar="ID")
@@ -104,6 +112,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "pull", templates.cmd_pull, "pull an OCI image into a template")
     p.add_argument("image", metavar="REF", help="image reference, e.g. ubuntu:22.04")
     p.add_argument("--name", help="template name (default: from the reference)")
+
+    snap = sub.add_parser("snapshot", help="snapshots", description="snapshots")
+    snap_sub = snap.add_subparsers(dest="snapshot_command", metavar="COMMAND", required=True)
+    p = _add(snap_sub, "create", snapshots.cmd_snapshot_create, "snapshot a running sandbox")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--name", help="snapshot name (a new build if it exists)")
+    p.add_argument("--filesystem", action="store_true", help="keep the disk only, not memory")
+    p = _add(snap_sub, "ls", snapshots.cmd_snapshot_ls, "list snapshots")
+    p.add_argument("-o", "--output", choices=("table", "json"), help="default: table on a TTY")
+    p.add_argument("--sandbox", metavar="ID", help="only this sandbox's")
+    p.add_argument("--name", help="only this name (name or name:tag)")
+    p = _add(snap_sub, "rm", snapshots.cmd_snapshot_rm, "delete snapshots (name or name:tag)")
+    p.add_argument("ids", nargs="+", metavar="SNAPSHOT")
 
     tpl = sub.add_parser("template", help="templates", description="templates")
     tpl_sub = tpl.add_subparsers(dest="template_command", metavar="COMMAND", required=True)

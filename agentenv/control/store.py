@@ -34,11 +34,18 @@ class SandboxRecord:
     access_token: str | None = None
     alias: str | None = None
     vm: dict[str, Any] | None = None
+    # What a freshly started guest of this sandbox is given at /init (env, user, workdir):
+    # a filesystem-only resume or rollback cold-starts the guest on its disk.
+    guest: dict[str, Any] = field(default_factory=dict)
+    # A timeout's auto-pause keeps memory (True) or the filesystem only (False).
+    auto_pause_memory: bool = True
+    # What the last pause kept: "full" (memory and disk) or "filesystem"; None: never paused.
+    pause_mode: str | None = None
 
 
-_JSON_FIELDS = ("metadata", "env_vars", "vm")
+_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest")
 _TIME_FIELDS = ("started_at", "end_at")
-_BOOL_FIELDS = ("auto_pause", "allow_internet")
+_BOOL_FIELDS = ("auto_pause", "allow_internet", "auto_pause_memory")
 _COLUMNS = [f.name for f in fields(SandboxRecord)]
 
 
@@ -96,9 +103,20 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     allow_internet INTEGER NOT NULL,
     access_token TEXT,
     alias TEXT,
-    vm TEXT
+    vm TEXT,
+    guest TEXT NOT NULL DEFAULT '{}',
+    auto_pause_memory INTEGER NOT NULL DEFAULT 1,
+    pause_mode TEXT
 );
 """
+
+# Columns added after the first release, for stores an older server created. The cluster
+# issue moves schemas to a migration library; until then a store only ever gains columns.
+_ADDED_COLUMNS = {
+    "guest": "TEXT NOT NULL DEFAULT '{}'",
+    "auto_pause_memory": "INTEGER NOT NULL DEFAULT 1",
+    "pause_mode": "TEXT",
+}
 
 
 class SqliteSandboxStore:
@@ -111,6 +129,10 @@ class SqliteSandboxStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        present = {row["name"] for row in self._db.execute("PRAGMA table_info(sandboxes)")}
+        for name, definition in _ADDED_COLUMNS.items():
+            if name not in present:
+                self._db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {definition}")
         self._lock = threading.Lock()
 
     async def _call(self, sql: str, params: Any = ()) -> list[sqlite3.Row]:

@@ -67,9 +67,17 @@ class AgentClient:
             body["defaultUser"] = user
         if workdir:
             body["defaultWorkdir"] = workdir
+        await self._host_call("/init", body)
+
+    async def sync(self) -> None:
+        """The guest flushes its file systems to disk (before a filesystem-only snapshot)."""
+        await self._host_call("/sync", None)
+
+    async def _host_call(self, path: str, body: dict[str, object] | None) -> None:
+        """POST to a route that is the host's alone: it carries the init secret."""
         headers = {init_secret.HEADER: self._init_secret or ""}
         async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
-            response = await client.post("/init", json=body, headers=headers)
+            response = await client.post(path, json=body, headers=headers)
             response.raise_for_status()
 
     async def metrics(self) -> dict[str, Any]:

@@ -13,8 +13,12 @@ from ..storage.objectstore import ObjectNotFound, ObjectStore
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 
 
+def valid_name(name: str) -> bool:
+    return _NAME.fullmatch(name) is not None
+
+
 def validate_name(name: str) -> str:
-    if not _NAME.fullmatch(name):
+    if not valid_name(name):
         raise InvalidInput(
             f"template name {name!r} must be 1-63 of a-z, 0-9, '.', '_', '-' and start with "
             "a letter or digit"
@@ -63,7 +67,7 @@ class TemplateRegistry:
         self._store.put(_key(validate_name(record.template_id)), record.to_json())
 
     def get(self, template_id: str) -> TemplateRecord:
-        if not _NAME.fullmatch(template_id):  # no template can have it; never a store key
+        if not valid_name(template_id):  # no template can have it; never a store key
             raise NotFound(f"template {template_id!r} not found")
         try:
             return TemplateRecord.from_json(self._store.get(_key(template_id)))

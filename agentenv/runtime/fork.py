@@ -14,10 +14,7 @@ from pathlib import Path
 
 from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
-from ..errors import Unavailable
-from ..vmm.driver import VmHandle, VmmError
-from ..vmm.qemuimg import copy_sparse
-from .cleanup import CleanupStack
+from .checkpoint import provision_from_checkpoint, take_checkpoint
 from .lifecycle import Event
 from .manager import SandboxManager
 
@@ -36,9 +33,12 @@ class SandboxForks:
         """Checkpoint a running sandbox in place (it keeps its id and expiry) and start
         `count` sandboxes from that one checkpoint; each fork succeeds or fails alone."""
         checkpoint = self.manager.forks_dir() / secrets.token_hex(8)
-        source = await self.manager.operate(
-            sandbox_id, Event.CHECKPOINT, lambda record: self._checkpoint(record, checkpoint)
-        )
+
+        async def freeze_and_copy(record: SandboxRecord) -> SandboxRecord:
+            await take_checkpoint(self.manager, record, checkpoint, memory=True)
+            return record
+
+        source = await self.manager.operate(sandbox_id, Event.CHECKPOINT, freeze_and_copy)
         try:
             if timeout is None:
                 timeout = self.manager.cfg.sandbox.default_timeout
@@ -57,26 +57,6 @@ class SandboxForks:
         log.info("sandbox %s forked into %d of %d", sandbox_id, started, count)
         return outcomes
 
-    async def _checkpoint(self, source: SandboxRecord, checkpoint: Path) -> SandboxRecord:
-        """Device state, RAM and disk of `source` at one instant; it runs on afterwards."""
-        crash_point("fork.begun")
-        assert source.vm is not None
-        handle = VmHandle.from_dict(source.vm)
-        workdir = self.manager.workdir(source.sandbox_id)
-        checkpoint.mkdir(parents=True)
-        try:
-            await self.manager.driver.pause(handle, checkpoint)
-            crash_point("fork.frozen")
-            for name in ("memory", "rootfs.qcow2"):
-                await asyncio.to_thread(copy_sparse, workdir / name, checkpoint / name)
-            crash_point("fork.copied")
-        except BaseException:
-            await asyncio.to_thread(shutil.rmtree, checkpoint, True)
-            raise
-        finally:
-            await self.manager.driver.resume(handle)
-        return source
-
     async def _fork_one(
         self, source: SandboxRecord, checkpoint: Path, timeout: int
     ) -> SandboxRecord:
@@ -88,28 +68,16 @@ class SandboxForks:
             memory_mb=source.memory_mb,
             metadata=dict(source.metadata),
             env_vars=dict(source.env_vars),
+            guest=source.guest,
             auto_pause=source.auto_pause,
+            auto_pause_memory=source.auto_pause_memory,
             allow_internet=source.allow_internet,
             secure=source.access_token is not None,
         )
         kit = self.manager.pinned_kit(source)
-
-        async def provision(cleanup: CleanupStack) -> None:
-            workdir = self.manager.make_workdir(record, cleanup)
-            await asyncio.to_thread(
-                copy_sparse, checkpoint / "rootfs.qcow2", workdir / "rootfs.qcow2"
-            )
-            await self.manager.make_network(record, cleanup)
-            agent = self.manager.agent(record)
-            try:
-                handle = await self.manager.launcher.restore(
-                    self.manager.vm_spec(record, kit), agent, checkpoint
-                )
-            except (VmmError, TimeoutError) as exc:
-                raise Unavailable(f"fork could not start: {exc}") from exc
-            cleanup.push("vm", lambda: self.manager.driver.stop(handle))
-            await self.manager.save_vm(record, handle, kit)
-            # A new clock reading, entropy of its own, and its own access token.
-            await agent.init({}, record.access_token)
-
-        return await self.manager.bring_up(record, provision)
+        return await self.manager.bring_up(
+            record,
+            lambda cleanup: provision_from_checkpoint(
+                self.manager, record, checkpoint, kit, cleanup
+            ),
+        )

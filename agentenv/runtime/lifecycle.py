@@ -20,6 +20,9 @@ class State(StrEnum):
     RESUMING = "resuming"
     # Frozen for a fork's copy of its memory and disk; it runs on afterwards.
     CHECKPOINTING = "checkpointing"
+    # Put back to one of its snapshots in place; its files are the snapshot's from the
+    # moment this state is entered, so it ends running or paused at that snapshot.
+    ROLLING_BACK = "rolling_back"
     KILLING = "killing"
 
 
@@ -27,6 +30,7 @@ class Event(StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
     CHECKPOINT = "checkpoint"
+    ROLLBACK = "rollback"
     KILL = "kill"
     # The operation of the current transient state finished, or failed and was undone.
     DONE = "done"
@@ -49,12 +53,19 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.RESUMING, Event.LOST): State.KILLING,
     (State.CHECKPOINTING, Event.DONE): State.RUNNING,
     (State.CHECKPOINTING, Event.FAILED): State.RUNNING,
+    (State.RUNNING, Event.ROLLBACK): State.ROLLING_BACK,
+    (State.PAUSED, Event.ROLLBACK): State.ROLLING_BACK,
+    (State.ROLLING_BACK, Event.DONE): State.RUNNING,
+    (State.ROLLING_BACK, Event.FAILED): State.PAUSED,
+    (State.ROLLING_BACK, Event.LOST): State.KILLING,
     # Kill is always possible, from a stuck transient state too; killing again retries.
     **{(state, Event.KILL): State.KILLING for state in State},
 }
 
 # Transient states: an operation is under way (or was, when the server died).
-TRANSIENT = frozenset({State.CREATING, State.PAUSING, State.RESUMING, State.CHECKPOINTING})
+TRANSIENT = frozenset(
+    {State.CREATING, State.PAUSING, State.RESUMING, State.CHECKPOINTING, State.ROLLING_BACK}
+)
 
 # States whose VM holds host memory (admission counts them); paused ones hold disk only.
 HOLDS_MEMORY = frozenset(set(State) - {State.PAUSED, State.KILLING})
@@ -70,6 +81,7 @@ PUBLIC_STATE: dict[State, str] = {
     State.PAUSED: "paused",
     State.RESUMING: "paused",
     State.CHECKPOINTING: "running",
+    State.ROLLING_BACK: "running",
     State.KILLING: "running",
 }
 

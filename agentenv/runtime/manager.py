@@ -10,7 +10,6 @@ table in `lifecycle.py` decides what is allowed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import shutil
@@ -39,7 +38,7 @@ from ..net.netns import (
 )
 from ..net.policy import egress_policy
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
-from ..vmm.qemuimg import create_qcow2
+from ..vmm.qemuimg import create_qcow2, qcow2_virtual_size
 from .admission import Demand, admit, host_capacity
 from .bootsnap import (
     DISK_BYTES,
@@ -51,11 +50,14 @@ from .bootsnap import (
 )
 from .cleanup import CleanupStack
 from .launch import VmLauncher
-from .lifecycle import HOLDS_MEMORY, Event, State, allows, next_state
+from .lifecycle import HOLDS_MEMORY, Event, State, next_state
 
 log = logging.getLogger(__name__)
 
 AGENT_PORT = 49983
+# Pause modes, as E2B names them: memory and disk, or the disk alone.
+FULL = "full"
+FILESYSTEM = "filesystem"
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 T = TypeVar("T")
 
@@ -67,6 +69,7 @@ class CreateRequest:
     metadata: dict[str, str] = field(default_factory=dict)
     env_vars: dict[str, str] = field(default_factory=dict)
     auto_pause: bool = False
+    auto_pause_memory: bool = True
     allow_internet: bool = True
     secure: bool = False
 
@@ -132,7 +135,7 @@ class SandboxManager:
 
     # -- helpers ---------------------------------------------------------------------
 
-    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+    def lock(self, sandbox_id: str) -> asyncio.Lock:
         return self._locks.setdefault(sandbox_id, asyncio.Lock())
 
     def workdir(self, sandbox_id: str) -> Path:
@@ -192,7 +195,7 @@ class SandboxManager:
     ) -> T:
         """Under the sandbox's lock: `event` into its transient state, `body`, then DONE,
         or FAILED (LOST for `GuestLost`) when the body fails or `kill` cancels it."""
-        async with self._lock(sandbox_id):
+        async with self.lock(sandbox_id):
             record = await self.get(sandbox_id)
             next_state(record.state, event)  # a refused event is 409, before admission
             if admit_memory:
@@ -266,7 +269,9 @@ class SandboxManager:
             memory_mb=template.memory_mb or sandbox.memory_mb,
             metadata=request.metadata,
             env_vars=request.env_vars,
+            guest=guest_config(template),
             auto_pause=request.auto_pause,
+            auto_pause_memory=request.auto_pause_memory,
             allow_internet=request.allow_internet,
             secure=request.secure,
         )
@@ -284,7 +289,9 @@ class SandboxManager:
         memory_mb: int,
         metadata: dict[str, str],
         env_vars: dict[str, str],
+        guest: dict[str, Any],
         auto_pause: bool,
+        auto_pause_memory: bool,
         allow_internet: bool,
         secure: bool,
     ) -> SandboxRecord:
@@ -304,7 +311,9 @@ class SandboxManager:
                 slot=0,
                 metadata=metadata,
                 env_vars=env_vars,
+                guest=guest,
                 auto_pause=auto_pause,
+                auto_pause_memory=auto_pause_memory,
                 allow_internet=allow_internet,
                 access_token=secrets.token_hex(16) if secure else None,
             )
@@ -322,7 +331,7 @@ class SandboxManager:
         resource goes, the record last."""
         cleanup = CleanupStack(f"create sandbox {record.sandbox_id} ({record.template_id})")
         cleanup.push("state record", lambda: self.store.delete(record.sandbox_id))
-        async with self._lock(record.sandbox_id):
+        async with self.lock(record.sandbox_id):
             try:
                 await self._run_killable(record.sandbox_id, provision(cleanup))
                 crash_point("create.provisioned")
@@ -349,23 +358,31 @@ class SandboxManager:
             raise Unavailable(str(exc)) from exc
         await self.make_network(record, cleanup)
         crash_point("create.network")
+        await self.start_fresh_guest(record, self.kit, cleanup)
+
+    async def start_fresh_guest(
+        self, record: SandboxRecord, kit: Kit, cleanup: CleanupStack
+    ) -> None:
+        """A guest that has not run before (the boot snapshot's, or booted) on the sandbox's
+        disk, given the sandbox's environment; its VM's undo goes onto `cleanup`."""
         agent = self.agent(record)
-        handle = await self.launcher.start(
-            self.vm_spec(record, self.kit), agent, restorable=size is not None
-        )
+        disk = self.workdir(record.sandbox_id) / "rootfs.qcow2"
+        restorable = await asyncio.to_thread(qcow2_virtual_size, disk) == DISK_BYTES
+        handle = await self.launcher.start(self.vm_spec(record, kit), agent, restorable)
         cleanup.push("vm", lambda: self.driver.stop(handle))
         crash_point("create.vm")
-        await self.save_vm(record, handle, self.kit)
+        await self.save_vm(record, handle, kit)
+        guest = record.guest
         await agent.init(
-            {**template.env, **record.env_vars},
+            {**guest.get("env", {}), **record.env_vars},
             record.access_token,
-            user=template.user or None,
-            workdir=template.workdir or None,
+            user=guest.get("user") or None,
+            workdir=guest.get("workdir") or None,
         )
         crash_point("create.initialized")
-        if template.command:
+        if guest.get("command"):
             try:
-                await agent.start_detached(template.command, tag="entrypoint")
+                await agent.start_detached(guest["command"], tag="entrypoint")
             except httpx.HTTPError as exc:
                 # The sandbox is usable without it; the image's command is a convenience.
                 log.warning("sandbox %s: image command failed to start: %s", record.sandbox_id, exc)
@@ -400,10 +417,13 @@ class SandboxManager:
         await self.store.update(record.sandbox_id, vm=record.vm)
 
     def pinned_kit(self, record: SandboxRecord) -> Kit:
-        version = (record.vm or {}).get("extra", {}).get("kit", self.kit.version)
+        """The kit a sandbox's guest runs on (a restored kernel keeps its runtime disk)."""
+        return self.kit_version((record.vm or {}).get("extra", {}).get("kit", self.kit.version))
+
+    def kit_version(self, version: str) -> Kit:
         kit = self.kit if version == self.kit.version else load_kit(self.cfg, version)
         if kit is None:
-            raise Unavailable(f"kit {version}, which this sandbox runs on, is gone")
+            raise Unavailable(f"kit {version}, which this guest's memory was saved with, is gone")
         return kit
 
     # -- changes ---------------------------------------------------------------------
@@ -413,7 +433,7 @@ class SandboxManager:
         operation = self._operations.get(sandbox_id)
         if operation is not None:
             operation.cancel()
-        async with self._lock(sandbox_id):
+        async with self.lock(sandbox_id):
             record = await self.store.get(sandbox_id)
             if record is None:
                 if operation is not None:
@@ -451,82 +471,23 @@ class SandboxManager:
         end_at = max(record.end_at, now() + timedelta(seconds=self.clamp_timeout(duration)))
         await self.store.update(record.sandbox_id, end_at=end_at)
 
-    async def pause(self, sandbox_id: str) -> None:
-        """Save the guest's device state next to its RAM file and stop its VMM: a paused
-        sandbox holds disk, not memory or CPU, until it is resumed."""
-        await self.operate(sandbox_id, Event.PAUSE, self._pause)
-        log.info("sandbox %s paused", sandbox_id)
-
-    async def _pause(self, record: SandboxRecord) -> None:
-        crash_point("pause.begun")
-        assert record.vm is not None
-        handle = VmHandle.from_dict(record.vm)
+    async def flush_guest(self, record: SandboxRecord) -> None:
+        """The guest writes its dirty file data to its disk; 503 when its agent is silent."""
         try:
-            await self.driver.pause(handle, self.snapshot_dir(record.sandbox_id))
-        except BaseException:
-            with contextlib.suppress(VmmError, OSError):
-                await self.driver.resume(handle)
-            raise
-        crash_point("pause.saved")
-        await self.driver.stop(handle)
-        crash_point("pause.stopped")
+            await self.agent(record).sync()
+        except httpx.HTTPError as exc:
+            raise Unavailable(
+                f"sandbox '{record.sandbox_id}': its guest agent did not answer, so its "
+                f"file systems cannot be flushed for a filesystem-only snapshot: {exc}"
+            ) from exc
 
-    async def connect(self, sandbox_id: str, timeout: int) -> tuple[SandboxRecord, bool]:
-        """Resume a paused sandbox (True) or keep a running one (False); extends its life."""
-        record = await self.get(sandbox_id)
-        if not allows(record.state, Event.RESUME):
-            async with self._lock(sandbox_id):  # waits out an operation under way
-                record = await self.get(sandbox_id)
-                if not allows(record.state, Event.RESUME):
-                    wanted_end = now() + timedelta(seconds=self.clamp_timeout(timeout))
-                    if wanted_end > record.end_at:
-                        record.end_at = wanted_end
-                        await self.store.update(sandbox_id, end_at=wanted_end)
-                    return record, False
-        return await self.resume(sandbox_id, timeout), True
-
-    async def resume(self, sandbox_id: str, timeout: int) -> SandboxRecord:
-        """A paused sandbox's guest continues where it stopped; 409 unless it is paused."""
-        wanted_end = now() + timedelta(seconds=self.clamp_timeout(timeout))
-
-        async def restore(record: SandboxRecord) -> SandboxRecord:
-            await self._restore_paused(record)
-            record.end_at = wanted_end
-            await self.store.update(sandbox_id, end_at=wanted_end)
-            return record
-
-        record = await self.operate(sandbox_id, Event.RESUME, restore, admit_memory=True)
-        log.info("sandbox %s resumed", sandbox_id)
-        return record
-
-    async def _restore_paused(self, record: SandboxRecord) -> None:
-        """A new VMM from the paused sandbox's own files; the guest continues where it was."""
-        crash_point("resume.begun")
-        assert record.vm is not None
-        # A VMM still there (paused in place by an older server) would hold the tap.
-        await self.driver.stop(VmHandle.from_dict(record.vm))
-        kit = self.pinned_kit(record)
-        spec = self.vm_spec(record, kit)
+    def saved_state_intact(self, record: SandboxRecord) -> bool:
+        """Whether a paused sandbox's files are a whole pause of the kind it recorded."""
+        workdir = self.workdir(record.sandbox_id)
+        if record.pause_mode == FILESYSTEM:
+            return (workdir / "rootfs.qcow2").is_file()
         snapshot = self.snapshot_dir(record.sandbox_id)
-        agent = self.agent(record)
-        try:
-            handle = await self.launcher.restore(
-                spec, agent, snapshot, launched=lambda vm: self.save_vm(record, vm, kit)
-            )
-            crash_point("resume.restored")
-            try:
-                # The guest's clock stood still while it was paused; /init sets it again.
-                await agent.init({}, record.access_token)
-            except BaseException:
-                await self.driver.stop(handle)
-                raise
-        except (VmmError, TimeoutError, httpx.HTTPError) as exc:
-            if not self.driver.saved_state_intact(snapshot):
-                raise GuestLost(
-                    f"sandbox {record.sandbox_id} failed after its guest resumed: {exc}"
-                ) from exc
-            raise Unavailable(f"sandbox {record.sandbox_id} could not be resumed: {exc}") from exc
-        crash_point("resume.initialized")
+        return self.driver.saved_state_intact(snapshot) and (workdir / "memory").is_file()
 
     def snapshot_dir(self, sandbox_id: str) -> Path:
         return self.workdir(sandbox_id) / "snapshot"
@@ -546,6 +507,16 @@ class SandboxManager:
         self._routes[record.sandbox_id] = Route(
             self.network_plan(record).ns_ip, record.access_token
         )
+
+
+def guest_config(template: Template) -> dict[str, Any]:
+    """What a fresh guest of `template` is given at /init; kept with each of its sandboxes."""
+    return {
+        "env": dict(template.env),
+        "user": template.user,
+        "workdir": template.workdir,
+        "command": list(template.command),
+    }
 
 
 def _disk_size(template: Template) -> int:

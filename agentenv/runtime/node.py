@@ -19,6 +19,7 @@ from ..images.builder import TemplateBuilds
 from ..images.catalog import TemplateCatalog
 from ..images.pull import ImagePuller
 from ..images.registry import RegistryClient
+from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
 from ..net.netns import ensure_host_forwarding
 from ..storage.blockd import BlockdClient
@@ -28,7 +29,9 @@ from ..vmm.qemu import QemuDriver, run_dir_for
 from .bootsnap import BootSnapshots, Shape
 from .fork import SandboxForks
 from .manager import SandboxManager, guest_kernel_args
+from .pause import SandboxPauses
 from .recovery import recover
+from .snapshots import SandboxSnapshots
 from .sweeper import run_sweeper
 
 log = logging.getLogger(__name__)
@@ -42,7 +45,7 @@ class Node:
         cfg: Config,
         accelerator: AccelChoice,
         manager: SandboxManager,
-        forks: SandboxForks,
+        snapshots: SandboxSnapshots,
         catalog: TemplateCatalog,
         puller: ImagePuller,
         builds: TemplateBuilds,
@@ -51,7 +54,9 @@ class Node:
         self.cfg = cfg
         self.accelerator = accelerator
         self.manager = manager
-        self.forks = forks
+        self.forks = SandboxForks(manager)
+        self.pauses = snapshots.pauses
+        self.snapshots = snapshots
         self.catalog = catalog
         self.puller = puller
         self.builds = builds
@@ -113,11 +118,14 @@ class Node:
         manager = SandboxManager(cfg, store, driver, kit, catalog, snapshots)
         await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix)
         await recover(manager)
+        snapshots = SandboxSnapshots(SandboxPauses(manager), SnapshotRegistry(objects), catalog)
+        await snapshots.reclaim()
         builds = TemplateBuilds(cfg, catalog, puller, manager.capacity.max_vcpus)
         stack.push_async_callback(builds.close)
-        sweeper = asyncio.create_task(run_sweeper(manager))
+        node = cls(cfg, accel, manager, snapshots, catalog, puller, builds, stack)
+        sweeper = asyncio.create_task(run_sweeper(node.pauses))
         stack.push_async_callback(_cancelled, sweeper)
-        return cls(cfg, accel, manager, SandboxForks(manager), catalog, puller, builds, stack)
+        return node
 
     async def close(self) -> None:
         await self._stack.aclose()

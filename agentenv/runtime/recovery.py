@@ -20,7 +20,8 @@ from ..control.store import SandboxRecord
 from ..net.netns import destroy_network, list_namespaces
 from ..vmm.driver import VmHandle, VmmError
 from .lifecycle import Event, State
-from .manager import SandboxManager
+from .manager import FILESYSTEM, SandboxManager
+from .snapshots import finish_rollback
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,11 @@ async def _paused(found: _Found) -> Outcome:
 
 
 async def _pausing(found: _Found) -> Outcome:
-    """A whole saved state is a finished pause; else the guest carries on, if it can."""
+    """A whole saved state is a finished pause; else the guest carries on, if it can.
+    A filesystem-only pause keeps just the disk: a guest still running carries on."""
+    if found.record.pause_mode == FILESYSTEM and found.vm is not None:
+        await found.manager.settle(found.record, Event.FAILED)
+        return await found.run_vm()
     if found.saved:
         await found.stop_vm()
         await found.manager.settle(found.record, Event.DONE)
@@ -115,6 +120,15 @@ async def _checkpointing(found: _Found) -> Outcome:
     return await found.run_vm()
 
 
+async def _rolling_back(found: _Found) -> Outcome:
+    """A committed rollback is finished and left paused at its snapshot; once its files
+    are in place it ends like a resume."""
+    if await finish_rollback(found.manager, found.record):
+        await found.manager.settle(found.record, Event.FAILED)
+        return Outcome.PAUSED
+    return await _resuming(found)
+
+
 async def _unfinished(found: _Found) -> Outcome:
     """A create, or a kill, that never finished: everything goes."""
     if found.record.state == State.CREATING:
@@ -129,6 +143,7 @@ RULES: dict[State, Callable[[_Found], Awaitable[Outcome]]] = {
     State.PAUSED: _paused,
     State.RESUMING: _resuming,
     State.CHECKPOINTING: _checkpointing,
+    State.ROLLING_BACK: _rolling_back,
     State.KILLING: _unfinished,
 }
 
@@ -147,10 +162,7 @@ async def recover(manager: SandboxManager) -> RecoveryReport:
             await manager.driver.kill_pid(pid)
             handle = None
         alive = handle is not None and manager.driver.is_alive(handle)
-        saved = (
-            manager.driver.saved_state_intact(manager.snapshot_dir(record.sandbox_id))
-            and (workdir / "memory").is_file()
-        )
+        saved = manager.saved_state_intact(record)
         found = _Found(manager, record, handle if alive else None, saved)
         try:
             outcome = await RULES[record.state](found)

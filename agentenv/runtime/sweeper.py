@@ -9,13 +9,15 @@ import logging
 from ..errors import Conflict, NotFound
 from ..vmm.driver import VmHandle
 from .lifecycle import EXPIRES
-from .manager import SandboxManager, now
+from .manager import now
+from .pause import SandboxPauses
 
 log = logging.getLogger(__name__)
 
 
-async def sweep_once(manager: SandboxManager) -> None:
+async def sweep_once(pauses: SandboxPauses) -> None:
     """Kill expired sandboxes (pause those created with autoPause); forget dead ones."""
+    manager = pauses.manager
     for record in await manager.store.list():
         if record.state not in EXPIRES:
             continue
@@ -28,16 +30,16 @@ async def sweep_once(manager: SandboxManager) -> None:
             log.warning("sandbox %s: VM exited on its own; removing it", record.sandbox_id)
         with contextlib.suppress(NotFound, Conflict):
             if record.auto_pause and not dead:
-                await manager.pause(record.sandbox_id)
+                await pauses.pause(record.sandbox_id, memory=record.auto_pause_memory)
             else:
                 await manager.kill(record.sandbox_id)
 
 
-async def run_sweeper(manager: SandboxManager, interval: float = 1.0) -> None:
+async def run_sweeper(pauses: SandboxPauses, interval: float = 1.0) -> None:
     """Sweep every `interval` seconds until cancelled; a failed pass is logged, not fatal."""
     while True:
         try:
-            await sweep_once(manager)
+            await sweep_once(pauses)
         except Exception:
             log.exception("sweeper pass failed")
         await asyncio.sleep(interval)

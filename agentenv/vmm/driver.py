@@ -102,8 +102,12 @@ class VmmDriver(Protocol):
         only once it is whole; the VM stays stopped."""
         ...
 
+    async def freeze(self, handle: VmHandle) -> None:
+        """Stop the guest's CPUs and drain its disk I/O, saving nothing; `resume` undoes it."""
+        ...
+
     async def resume(self, handle: VmHandle) -> None:
-        """Let a paused VM run again."""
+        """Let a paused (or frozen) VM run again."""
         ...
 
     async def restore(

@@ -379,6 +379,10 @@ class QemuDriver:
         finally:
             await client.close()
 
+    async def freeze(self, handle: VmHandle) -> None:
+        # `stop` returns once the vCPUs are stopped and in-flight block requests drained.
+        await self._qmp(handle, "stop")
+
     async def resume(self, handle: VmHandle) -> None:
         await self._qmp(handle, "cont")
 

@@ -48,3 +48,12 @@ def copy_sparse(src: Path, dest: Path) -> None:
                     break
                 start += copied
             pos = end
+
+
+def qcow2_virtual_size(path: Path) -> int:
+    """The disk size a guest sees, from the qcow2 header (magic, then the size at byte 24)."""
+    with open(path, "rb") as f:
+        header = f.read(32)
+    if len(header) < 32 or header[:4] != b"QFI\xfb":
+        raise VmmError(f"{path.name} is not a qcow2 image")
+    return int.from_bytes(header[24:32], "big")

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from agentenv.api.limits import MAX_ENTRIES, MAX_KEY_BYTES, MAX_VALUE_BYTES
 from agentenv.api.models import NewSandbox
-from agentenv.api.sandboxes import _decode_cursor
+from agentenv.api.pagination import decode_cursor
 from agentenv.errors import InvalidInput
 
 
@@ -61,12 +61,12 @@ def test_the_schema_states_the_bounds() -> None:
 )
 def test_bad_cursors_are_invalid_input(raw: bytes, text: str) -> None:
     with pytest.raises(InvalidInput, match=text):
-        _decode_cursor(base64.urlsafe_b64encode(raw).decode())
+        decode_cursor(base64.urlsafe_b64encode(raw).decode())
     with pytest.raises(InvalidInput):
-        _decode_cursor("%%%")
+        decode_cursor("%%%")
 
 
 def test_a_cursor_of_ours_reads_back() -> None:
     token = base64.urlsafe_b64encode(b"2026-01-01T00:00:00+00:00|iabc").decode()
-    when, sandbox_id = _decode_cursor(token)
+    when, sandbox_id = decode_cursor(token)
     assert (when.year, when.tzinfo is not None, sandbox_id) == (2026, True, "iabc")

@@ -55,3 +55,33 @@ async def test_slots_are_unique_and_unknown_fields_refused(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="unknown sandbox fields"):
         await store.update("a", colour="red")
     await store.close()
+
+
+async def test_a_store_an_older_server_made_gains_the_new_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute(
+        "CREATE TABLE sandboxes (sandbox_id TEXT PRIMARY KEY, template_id TEXT NOT NULL,"
+        " state TEXT NOT NULL, started_at TEXT NOT NULL, end_at TEXT NOT NULL,"
+        " vcpus INTEGER NOT NULL, memory_mb INTEGER NOT NULL, disk_mb INTEGER NOT NULL,"
+        " slot INTEGER NOT NULL UNIQUE, metadata TEXT NOT NULL, env_vars TEXT NOT NULL,"
+        " auto_pause INTEGER NOT NULL, allow_internet INTEGER NOT NULL, access_token TEXT,"
+        " alias TEXT, vm TEXT)"
+    )
+    db.execute(
+        "INSERT INTO sandboxes VALUES ('old', 'base', 'paused', '2026-01-01T00:00:00+00:00',"
+        " '2026-01-01T00:05:00+00:00', 1, 512, 4096, 0, '{}', '{}', 0, 1, NULL, NULL, NULL)"
+    )
+    db.commit()
+    db.close()
+
+    store = SqliteSandboxStore(tmp_path / "state.db")
+    old = await store.get("old")
+    assert old is not None
+    assert (old.guest, old.auto_pause_memory, old.pause_mode) == ({}, True, None)
+    await store.update("old", pause_mode="filesystem", guest={"user": "user"})
+    changed = await store.get("old")
+    assert changed is not None
+    assert (changed.pause_mode, changed.guest) == ("filesystem", {"user": "user"})
+    await store.close()

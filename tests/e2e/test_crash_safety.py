@@ -155,7 +155,14 @@ def test_crash_during_resume(fresh_server: LiveServer, point: str, outcome: str)
 
 
 @pytest.mark.parametrize(
-    "point", ["fork.begun", "fork.frozen", "fork.copied", "create.provisioned", "fork.children"]
+    "point",
+    [
+        "checkpoint.begun",
+        "checkpoint.frozen",
+        "checkpoint.copied",
+        "create.provisioned",
+        "fork.children",
+    ],
 )
 def test_crash_during_fork(fresh_server: LiveServer, point: str) -> None:
     restart(fresh_server)

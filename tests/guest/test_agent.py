@@ -550,6 +550,20 @@ async def test_init_is_the_hosts_alone() -> None:
         _stop(a)
 
 
+async def test_sync_is_the_hosts_alone() -> None:
+    """/sync (run before a filesystem-only snapshot) takes the init secret, not a token."""
+    a = _spawn()
+    try:
+        async with httpx.AsyncClient(base_url=a.url) as c:
+            assert (await c.post("/init", json={"accessToken": "owner"}, headers=INIT)).is_success
+            assert (await c.post("/sync")).status_code == 401
+            r = await c.post("/sync", headers={"X-Access-Token": "owner"})
+            assert r.status_code == 401
+            assert (await c.post("/sync", headers=INIT)).status_code == 204
+    finally:
+        _stop(a)
+
+
 async def test_init_without_any_secret_is_refused() -> None:
     SECRET_FILE.unlink()
     a = _spawn()

@@ -17,6 +17,7 @@ from agentenv.guest.kit import Kit
 from agentenv.images.catalog import Template
 from agentenv.runtime import manager as manager_module
 from agentenv.runtime.manager import CreateRequest, SandboxManager
+from agentenv.runtime.pause import SandboxPauses
 from agentenv.vmm.driver import Launched, VmHandle, VmSpec
 
 VMSTATE, CONSUMED = "vmstate", "vmstate.consumed"
@@ -88,6 +89,10 @@ class FakeDriver:
         snapshot_dir.mkdir(parents=True, exist_ok=True)
         (snapshot_dir / VMSTATE).write_text("device state")
 
+    async def freeze(self, handle: VmHandle) -> None:
+        self.frozen.add(handle.pid)
+        await self._step("freeze")
+
     async def resume(self, handle: VmHandle) -> None:
         self.frozen.discard(handle.pid)
 
@@ -112,6 +117,10 @@ class FakeAgent:
             raise self.init_error
         self.inits.append(env_vars)
 
+    async def sync(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+
 
 class FakeCatalog:
     def __init__(self, rootfs: Path) -> None:
@@ -124,6 +133,7 @@ class FakeCatalog:
 @dataclass
 class Harness:
     manager: SandboxManager
+    pauses: SandboxPauses
     driver: FakeDriver
     agent: FakeAgent
     networks: set[str]
@@ -150,8 +160,9 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
     async def destroy_network(netns: str, host_veth: str | None = None) -> None:
         networks.discard(netns)
 
-    async def create_qcow2(path: Path, *_: Any, **__: Any) -> None:
-        path.write_bytes(b"qcow2")
+    async def create_qcow2(path: Path, size: int | None = None, **__: Any) -> None:
+        # Just the header's magic and virtual size, which the manager reads.
+        path.write_bytes(b"QFI\xfb" + bytes(20) + (size or 1).to_bytes(8, "big"))
 
     monkeypatch.setattr(manager_module, "create_network", create_network)
     monkeypatch.setattr(manager_module, "destroy_network", destroy_network)
@@ -174,4 +185,4 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
         return handle
 
     monkeypatch.setattr(manager.launcher, "start", start)
-    return Harness(manager, driver, agent, networks)
+    return Harness(manager, SandboxPauses(manager), driver, agent, networks)

@@ -41,7 +41,7 @@ async def test_failed_pause_resumes_the_guest_and_keeps_it_running(h: Harness) -
     sid = await h.create()
     h.driver.fail["pause"] = VmmError("migration failed")
     with pytest.raises(VmmError):
-        await h.manager.pause(sid)
+        await h.pauses.pause(sid)
     assert await h.state(sid) == "running"
     assert h.manager.route(sid) is not None
     assert h.driver.alive and not h.driver.frozen
@@ -50,7 +50,7 @@ async def test_failed_pause_resumes_the_guest_and_keeps_it_running(h: Harness) -
 async def test_kill_cancels_a_stuck_pause(h: Harness) -> None:
     sid = await h.create()
     h.driver.gate["pause"] = asyncio.Event()  # never set: the VMM hangs
-    pausing = asyncio.create_task(h.manager.pause(sid))
+    pausing = asyncio.create_task(h.pauses.pause(sid))
     await asyncio.sleep(0.01)
     assert await h.state(sid) == "pausing"
     await asyncio.wait_for(h.manager.kill(sid), 5)
@@ -75,24 +75,24 @@ async def test_kill_cancels_a_create_under_way(h: Harness) -> None:
 
 async def test_resume_refused_before_the_guest_ran_stays_paused(h: Harness) -> None:
     sid = await h.create()
-    await h.manager.pause(sid)
+    await h.pauses.pause(sid)
     h.driver.fail["load"] = VmmError("QEMU refused the state")
     with pytest.raises(Unavailable, match="could not be resumed"):
-        await h.manager.resume(sid, 60)
+        await h.pauses.resume(sid, 60)
     assert await h.state(sid) == "paused"
     assert h.driver.saved_state_intact(h.manager.snapshot_dir(sid))
     # Once the VMM is fine again, the very same state resumes.
     del h.driver.fail["load"]
-    await h.manager.resume(sid, 60)
+    await h.pauses.resume(sid, 60)
     assert await h.state(sid) == "running"
 
 
 async def test_resume_that_fails_after_the_guest_ran_kills_the_sandbox(h: Harness) -> None:
     sid = await h.create()
-    await h.manager.pause(sid)
+    await h.pauses.pause(sid)
     h.agent.init_error = httpx.ReadTimeout("no answer")
     with pytest.raises(GuestLost):
-        await h.manager.resume(sid, 60)
+        await h.pauses.resume(sid, 60)
     assert await h.state(sid) is None
     assert gone(h, sid)
 
@@ -107,10 +107,10 @@ async def test_concurrent_creates_are_admitted_one_at_a_time(h: Harness) -> None
 async def test_resume_is_admitted_like_a_create(h: Harness) -> None:
     h.manager.capacity = type(h.manager.capacity)(memory_mb=300, disk_mb=10**9, max_vcpus=4)
     first = await h.create()
-    await h.manager.pause(first)
+    await h.pauses.pause(first)
     await h.create()
     with pytest.raises(Unavailable, match="not enough host memory"):
-        await h.manager.resume(first, 60)
+        await h.pauses.resume(first, 60)
     assert await h.state(first) == "paused"
 
 
@@ -167,3 +167,65 @@ async def test_recovery_rule(
     if outcome is None:
         assert gone(h, sid) and report.removed == [sid]
     assert not list((h.manager.cfg.home / "forks").iterdir())
+
+
+async def test_filesystem_pause_keeps_the_disk_and_restarts_a_fresh_guest(h: Harness) -> None:
+    sid = await h.create()
+    workdir = h.manager.workdir(sid)
+    await h.pauses.pause(sid, memory=False)
+    record = await h.manager.store.get(sid)
+    assert record is not None and (record.state, record.pause_mode) == ("paused", "filesystem")
+    assert (workdir / "rootfs.qcow2").exists() and not (workdir / "memory").exists()
+    assert not h.driver.alive
+    inits = len(h.agent.inits)
+    await h.pauses.resume(sid, 60)
+    record = await h.manager.store.get(sid)
+    assert record is not None and (record.state, record.pause_mode) == ("running", None)
+    # A fresh guest was given the sandbox's environment again.
+    assert len(h.agent.inits) == inits + 1 and len(h.driver.alive) == 1
+
+
+async def test_filesystem_pause_needs_an_answering_agent(h: Harness) -> None:
+    sid = await h.create()
+    h.agent.init_error = httpx.ConnectError("agent hangs")
+    with pytest.raises(Unavailable):
+        await h.pauses.pause(sid, memory=False)
+    assert await h.state(sid) == "running" and h.manager.route(sid) is not None
+
+
+async def test_recovery_of_a_filesystem_pause(h: Harness) -> None:
+    """A filesystem pause that died with its guest still running lets it run on; one
+    whose VM is gone is paused at its disk."""
+    running = await crashed_in(h, State.PAUSING, saved=False, alive=True)
+    stopped = await crashed_in(h, State.PAUSING, saved=False, alive=False)
+    for sid in (running, stopped):
+        await h.manager.store.update(sid, pause_mode="filesystem")
+    await recover(h.manager)
+    assert await h.state(running) == "running" and h.manager.route(running) is not None
+    assert await h.state(stopped) == "paused"
+
+
+async def test_recovery_finishes_a_committed_rollback(h: Harness) -> None:
+    """Staged files renamed into place are the commit: recovery stops the old VM, moves
+    the snapshot's files in and leaves the sandbox paused at the snapshot."""
+    sid = await crashed_in(h, State.ROLLING_BACK, saved=False, alive=True)
+    workdir = h.manager.workdir(sid)
+    committed = workdir / "rollback"
+    committed.mkdir()
+    (committed / "memory").write_text("snapshot ram")
+    (committed / "rootfs.qcow2").write_text("snapshot disk")
+    (committed / "vmstate").write_text("device state")
+    (committed / "rollback.json").write_text('{"memory": true, "kit": "kit1"}')
+    await recover(h.manager)
+    assert await h.state(sid) == "paused"
+    assert not h.driver.alive
+    assert (workdir / "memory").read_text() == "snapshot ram"
+    assert (workdir / "rootfs.qcow2").read_text() == "snapshot disk"
+    assert (h.manager.snapshot_dir(sid) / "vmstate").read_text() == "device state"
+    assert not committed.exists()
+
+
+async def test_an_uncommitted_rollback_leaves_the_sandbox_running(h: Harness) -> None:
+    sid = await crashed_in(h, State.ROLLING_BACK, saved=False, alive=True)
+    await recover(h.manager)
+    assert await h.state(sid) == "running" and h.manager.route(sid) is not None

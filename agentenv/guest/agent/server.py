@@ -22,24 +22,24 @@ log = logging.getLogger("aenv_agent")
 
 # Reachable without X-Access-Token: /files checks the token or a signature itself.
 OPEN_ROUTES = {("GET", "/health"), ("GET", "/files"), ("POST", "/files")}
-# The host's alone: it carries the init secret instead of the sandbox's token.
-INIT_ROUTE = ("POST", "/init")
+# The host's alone: they carry the init secret instead of the sandbox's token.
+HOST_ROUTES = {("POST", "/init"), ("POST", "/sync")}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """/init needs the host's secret, every other route but /health the access token;
+    """/init and /sync need the host's secret, every other route but /health the access token;
     Connect routes get a Connect error."""
     state = get_state(request)
     route = (request.method, request.path)
-    if route == INIT_ROUTE:
+    if route in HOST_ROUTES:
         given = request.headers.get(init_secret.HEADER, "")
         if init_secret.secret_ok(state.init_secret, given):
             return await handler(request)
         log_error(request, ValueError("wrong init secret"))
-        return json_response({"code": 401, "message": "/init is the host's"}, status=401)
+        return json_response({"code": 401, "message": f"{request.path} is the host's"}, status=401)
     if route in OPEN_ROUTES or state.token_ok(request):
         return await handler(request)
     err = ConnectError("unauthenticated", "missing or invalid X-Access-Token")
@@ -82,6 +82,12 @@ async def init(request: web.Request) -> web.Response:
         state.default_user = str(body["defaultUser"])
     if body.get("defaultWorkdir"):
         state.default_workdir = str(body["defaultWorkdir"])
+    return web.Response(status=204)
+
+
+async def sync(_request: web.Request) -> web.Response:
+    """Flush every file system to its disk: a filesystem-only snapshot is taken next."""
+    await asyncio.to_thread(os.sync)
     return web.Response(status=204)
 
 
@@ -169,6 +175,7 @@ def create_app(
     app[CPU_KEY] = CpuSampler()
     app.router.add_get("/health", health)
     app.router.add_post("/init", init)
+    app.router.add_post("/sync", sync)
     app.router.add_get("/envs", envs)
     app.router.add_get("/metrics", metrics)
     files.setup(app)

@@ -1,0 +1,75 @@
+"""Checkpoints: a running sandbox's device state, RAM and disk copied at one instant, and
+new sandboxes started from such a copy. Forks and snapshots are both made of these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+from ..control.store import SandboxRecord
+from ..crashpoints import crash_point
+from ..errors import Unavailable
+from ..guest.kit import Kit
+from ..vmm.driver import VmHandle, VmmError
+from ..vmm.qemuimg import copy_sparse
+from .cleanup import CleanupStack
+from .manager import SandboxManager
+
+DISK = "rootfs.qcow2"
+MEMORY = "memory"
+
+
+async def take_checkpoint(
+    manager: SandboxManager, source: SandboxRecord, dest: Path, memory: bool
+) -> None:
+    """Copy `source` into `dest` (made here), freezing it only for the copies; it runs on
+    afterwards. Without `memory` only the disk is kept, flushed by the guest first."""
+    crash_point("checkpoint.begun")
+    assert source.vm is not None
+    handle = VmHandle.from_dict(source.vm)
+    workdir = manager.workdir(source.sandbox_id)
+    if not memory:
+        await manager.flush_guest(source)
+    dest.mkdir(parents=True)
+    try:
+        if memory:
+            await manager.driver.pause(handle, dest)
+        else:
+            await manager.driver.freeze(handle)
+        crash_point("checkpoint.frozen")
+        for name in (MEMORY, DISK) if memory else (DISK,):
+            await asyncio.to_thread(copy_sparse, workdir / name, dest / name)
+        crash_point("checkpoint.copied")
+    except BaseException:
+        await asyncio.to_thread(shutil.rmtree, dest, True)
+        raise
+    finally:
+        await manager.driver.resume(handle)
+
+
+async def provision_from_checkpoint(
+    manager: SandboxManager,
+    record: SandboxRecord,
+    checkpoint: Path,
+    kit: Kit,
+    cleanup: CleanupStack,
+) -> None:
+    """Provision a new `record` from a checkpoint: its own copy of the disk, and the memory
+    restored (or, for a filesystem-only one, a fresh guest on that disk)."""
+    workdir = manager.make_workdir(record, cleanup)
+    await asyncio.to_thread(copy_sparse, checkpoint / DISK, workdir / DISK)
+    await manager.make_network(record, cleanup)
+    if not (checkpoint / MEMORY).exists():
+        await manager.start_fresh_guest(record, kit, cleanup)
+        return
+    agent = manager.agent(record)
+    try:
+        handle = await manager.launcher.restore(manager.vm_spec(record, kit), agent, checkpoint)
+    except (VmmError, TimeoutError) as exc:
+        raise Unavailable(f"sandbox could not start from its checkpoint: {exc}") from exc
+    cleanup.push("vm", lambda: manager.driver.stop(handle))
+    await manager.save_vm(record, handle, kit)
+    # A new clock reading, entropy of its own, its own access token and env vars.
+    await agent.init(record.env_vars, record.access_token)

@@ -1,0 +1,248 @@
+"""Snapshots of running sandboxes, kept under a name, and sandboxes started from them.
+
+A snapshot is a checkpoint (`checkpoint.py`) kept in `<home>/snapshots/<name>/<tag>/` and
+recorded in the snapshot registry once its files are whole; the source only freezes for the
+copies. Sandboxes made from it get copies of its files, so deleting a snapshot never takes
+anything from them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+from ..control.store import SandboxRecord
+from ..crashpoints import crash_point
+from ..errors import Conflict, InvalidInput, Unavailable
+from ..images.catalog import BASE, TemplateCatalog
+from ..images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
+from ..images.templates import validate_name
+from ..vmm.driver import VmHandle
+from ..vmm.qemuimg import copy_sparse
+from .checkpoint import DISK, MEMORY, provision_from_checkpoint, take_checkpoint
+from .lifecycle import Event
+from .manager import FILESYSTEM, FULL, CreateRequest, SandboxManager, now
+from .pause import SandboxPauses
+
+log = logging.getLogger(__name__)
+
+# A snapshot's files are staged here and renamed into place once whole.
+_STAGING = ".staging"
+# In a sandbox's directory: a rollback's files, renamed there when it commits.
+ROLLBACK_DIR = "rollback"
+_ROLLBACK_META = "rollback.json"
+
+
+class SandboxSnapshots:
+    """Take, list, start from and delete the snapshots of one node's sandboxes."""
+
+    def __init__(
+        self,
+        pauses: SandboxPauses,
+        registry: SnapshotRegistry,
+        catalog: TemplateCatalog,
+    ) -> None:
+        self.pauses = pauses
+        self.manager = pauses.manager
+        self.registry = registry
+        self.catalog = catalog
+        self.root = self.manager.cfg.home / "snapshots"
+
+    def files(self, snapshot: SnapshotRecord) -> Path:
+        return self.root / snapshot.name / snapshot.tag
+
+    async def take(self, sandbox_id: str, name: str | None, memory: bool) -> SnapshotRecord:
+        """Snapshot a running sandbox under `name` (a new one if None); it runs on."""
+        name = validate_name(name) if name else new_name()
+        if name == BASE or await asyncio.to_thread(self.catalog.templates.find, name):
+            raise Conflict(f"'{name}' names a template that is not a snapshot")
+        tag = new_tag()
+        staging = self.root / _STAGING / f"{name}-{tag}"
+        staging.parent.mkdir(parents=True, exist_ok=True)
+
+        async def freeze_and_copy(record: SandboxRecord) -> SandboxRecord:
+            await take_checkpoint(self.manager, record, staging, memory)
+            return record
+
+        source = await self.manager.operate(sandbox_id, Event.CHECKPOINT, freeze_and_copy)
+        try:
+            snapshot = SnapshotRecord(
+                name=name,
+                tag=tag,
+                source_sandbox=source.sandbox_id,
+                template_id=source.template_id,
+                memory=memory,
+                vcpus=source.vcpus,
+                memory_mb=source.memory_mb,
+                kit=self.manager.pinned_kit(source).version,
+                guest={
+                    **source.guest,
+                    "env": {**source.guest.get("env", {}), **source.env_vars},
+                },
+                metadata=dict(source.metadata),
+                size=await asyncio.to_thread(_allocated_bytes, staging),
+            )
+            crash_point("snapshot.copied")
+            await asyncio.to_thread(self._publish, staging, snapshot)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+            raise
+        log.info("sandbox %s snapshotted as %s", sandbox_id, snapshot.snapshot_id)
+        return snapshot
+
+    def _publish(self, staging: Path, snapshot: SnapshotRecord) -> None:
+        """Files into place, then the record: a recorded snapshot always has whole files."""
+        target = self.files(snapshot)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(target)
+        crash_point("snapshot.placed")
+        self.registry.save(snapshot)
+
+    async def create(self, snapshot: SnapshotRecord, request: CreateRequest) -> SandboxRecord:
+        """A new sandbox from a snapshot: its memory restored, or (filesystem-only) a
+        fresh guest on a copy of its disk; the request's env vars are added."""
+        # The snapshot's disk is an overlay of its template's: that must be served.
+        await asyncio.to_thread(self.catalog.resolve, snapshot.template_id)
+        checkpoint = self.files(snapshot)
+        if not checkpoint.is_dir():
+            raise Unavailable(f"snapshot {snapshot.snapshot_id}: its files are not on this node")
+        kit = self.manager.kit
+        if snapshot.memory:
+            kit = self.manager.kit_version(snapshot.kit)
+        record = await self.manager.new_record(
+            template_id=snapshot.snapshot_id,
+            alias=snapshot.name,
+            timeout=self.manager.clamp_timeout(request.timeout),
+            vcpus=snapshot.vcpus,
+            memory_mb=snapshot.memory_mb,
+            metadata=request.metadata,
+            env_vars=request.env_vars,
+            guest=snapshot.guest,
+            auto_pause=request.auto_pause,
+            auto_pause_memory=request.auto_pause_memory,
+            allow_internet=request.allow_internet,
+            secure=request.secure,
+        )
+        return await self.manager.bring_up(
+            record,
+            lambda cleanup: provision_from_checkpoint(
+                self.manager, record, checkpoint, kit, cleanup
+            ),
+        )
+
+    async def rollback(self, sandbox_id: str, ref: str) -> SandboxRecord:
+        """Put a running or paused sandbox back to a snapshot in place: same id, token,
+        routes and expiry; it runs from the snapshot's memory (or a fresh guest on its disk)."""
+        snapshot = await asyncio.to_thread(self.registry.get, ref)
+        record = await self.manager.get(sandbox_id)
+        if (snapshot.vcpus, snapshot.memory_mb) != (record.vcpus, record.memory_mb):
+            raise InvalidInput(
+                f"snapshot {snapshot.snapshot_id} has {snapshot.vcpus} vCPUs and "
+                f"{snapshot.memory_mb} MB; sandbox '{sandbox_id}' has {record.vcpus} and "
+                f"{record.memory_mb}"
+            )
+        files = self.files(snapshot)
+        if not files.is_dir():
+            raise Unavailable(f"snapshot {snapshot.snapshot_id}: its files are not on this node")
+        await asyncio.to_thread(self.catalog.resolve, snapshot.template_id)
+        # Staged beside the sandbox's files before anything changes; a failure here
+        # leaves the sandbox as it was.
+        staging = self.manager.workdir(sandbox_id) / f"rollback-{new_tag()}.partial"
+        await asyncio.to_thread(_stage, files, staging, snapshot)
+
+        async def body(record: SandboxRecord) -> SandboxRecord:
+            staging.rename(self.manager.workdir(sandbox_id) / ROLLBACK_DIR)
+            crash_point("rollback.committed")
+            await finish_rollback(self.manager, record)
+            crash_point("rollback.applied")
+            await self.pauses.wake(record)
+            if record.end_at <= now():
+                record.end_at = now() + timedelta(seconds=self.manager.cfg.sandbox.default_timeout)
+                await self.manager.store.update(sandbox_id, end_at=record.end_at)
+            return record
+
+        try:
+            record = await self.manager.operate(sandbox_id, Event.ROLLBACK, body, admit_memory=True)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+        log.info("sandbox %s rolled back to %s", sandbox_id, snapshot.snapshot_id)
+        return record
+
+    async def delete(self, ref: str) -> list[SnapshotRecord]:
+        """Forget `name` (every build) or `name:tag`, and remove their files."""
+        gone = await asyncio.to_thread(self.registry.delete, ref)
+        for snapshot in gone:
+            await asyncio.to_thread(shutil.rmtree, self.files(snapshot), True)
+        return gone
+
+    async def reclaim(self) -> int:
+        """At start: staged copies a dead server left, and files no record names."""
+        return await asyncio.to_thread(self._reclaim)
+
+    def _reclaim(self) -> int:
+        if not self.root.exists():
+            return 0
+        known = {self.files(s) for s in self.registry.list()}
+        stray = list((self.root / _STAGING).glob("*"))
+        stray += list(self.manager.cfg.sandboxes_dir.glob("*/rollback-*.partial"))
+        for name_dir in self.root.iterdir():
+            if name_dir.name != _STAGING:
+                stray += [d for d in name_dir.iterdir() if d not in known]
+        for directory in stray:
+            shutil.rmtree(directory, ignore_errors=True)
+        return len(stray)
+
+
+def _stage(files: Path, staging: Path, snapshot: SnapshotRecord) -> None:
+    staging.mkdir()
+    for path in files.iterdir():
+        copy_sparse(path, staging / path.name)
+    (staging / _ROLLBACK_META).write_text(
+        json.dumps({"memory": snapshot.memory, "kit": snapshot.kit})
+    )
+
+
+async def finish_rollback(manager: SandboxManager, record: SandboxRecord) -> bool:
+    """Once a rollback is committed (its staged files renamed into the sandbox's directory),
+    stop the old VM and put the snapshot's files in place; idempotent, so recovery can
+    finish what a dead server began. False when no rollback was committed."""
+    workdir = manager.workdir(record.sandbox_id)
+    committed = workdir / ROLLBACK_DIR
+    if not committed.is_dir():
+        return False
+    if record.vm is not None:
+        await manager.driver.stop(VmHandle.from_dict(record.vm))
+    meta = json.loads((committed / _ROLLBACK_META).read_text())
+    record.pause_mode = FULL if meta["memory"] else FILESYSTEM
+    if record.vm is not None:
+        record.vm["extra"] = {**record.vm.get("extra", {}), "kit": meta["kit"]}
+    await manager.store.update(record.sandbox_id, pause_mode=record.pause_mode, vm=record.vm)
+    await asyncio.to_thread(
+        _move_into_place,
+        committed,
+        workdir,
+        manager.snapshot_dir(record.sandbox_id),
+        meta["memory"],
+    )
+    return True
+
+
+def _move_into_place(committed: Path, workdir: Path, device_state: Path, memory: bool) -> None:
+    """Disk and RAM into the work directory; the rest (device state) becomes its saved
+    state. Each step is a rename, and a repeat skips what already moved."""
+    for name in (DISK, MEMORY):
+        if (committed / name).exists():
+            (committed / name).rename(workdir / name)
+    if not memory:
+        (workdir / MEMORY).unlink(missing_ok=True)
+    shutil.rmtree(device_state, ignore_errors=True)
+    committed.rename(device_state)
+    (device_state / _ROLLBACK_META).unlink()
+
+
+def _allocated_bytes(directory: Path) -> int:
+    return sum(p.stat().st_blocks * 512 for p in directory.iterdir() if p.is_file())

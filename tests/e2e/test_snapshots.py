@@ -1,0 +1,135 @@
+"""Snapshots with the unmodified E2B SDK on real VMs: take, list, start from, delete;
+filesystem-only snapshots and pauses; a reboot on resume; rollback in place."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from e2b import Sandbox
+from e2b.exceptions import SandboxException
+
+from ..live import TEST_KEY, HostResources, LiveServer
+
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
+
+# A process that keeps counting: restored memory brings it back, a fresh guest does not.
+TICKER = (
+    "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/t; mv /tmp/t /tmp/ticks; "
+    "sleep 0.1; done' >/dev/null 2>&1 &"
+)
+
+
+def ticks(sandbox: Sandbox) -> int | None:
+    """The ticker's count, once it has moved on; None when no ticker runs."""
+    out = sandbox.commands.run("cat /tmp/ticks 2>/dev/null || true").stdout.strip()
+    if not out:
+        return None
+    time.sleep(0.3)
+    later = int(sandbox.commands.run("cat /tmp/ticks").stdout)
+    return later if later > int(out) else None
+
+
+def test_snapshot_starts_sandboxes_that_keep_memory_and_disk(server: LiveServer) -> None:
+    before = HostResources.measure(server.home, server.prefix)
+    source = Sandbox.create(envs={"FROM_SOURCE": "yes"})
+    made: list[Sandbox] = []
+    try:
+        source.commands.run("echo snap > ~/state && " + TICKER)
+        snapshot = source.create_snapshot()
+        name = snapshot.snapshot_id.split(":")[0]
+        assert snapshot.names == [snapshot.snapshot_id, f"{name}:default"]
+        assert source.is_running() and ticks(source)
+        source.commands.run("echo after > ~/state")
+
+        listed = Sandbox.list_snapshots(sandbox_id=source.sandbox_id).next_items()
+        assert [s.snapshot_id for s in listed] == [snapshot.snapshot_id]
+
+        for ref in (snapshot.snapshot_id, name):
+            child = Sandbox.create(ref, envs={"EXTRA": "1"})
+            made.append(child)
+            assert child.sandbox_id != source.sandbox_id
+            out = child.commands.run("cat ~/state; echo $FROM_SOURCE $EXTRA").stdout
+            assert out == "snap\nyes 1\n"
+            assert ticks(child) is not None  # the process came back with the memory
+
+        # A name that exists gets a new build, and the name now means that one.
+        again = source.create_snapshot(name=name)
+        assert again.snapshot_id != snapshot.snapshot_id and again.snapshot_id.startswith(name)
+        newest = Sandbox.create(name)
+        made.append(newest)
+        assert newest.commands.run("cat ~/state").stdout == "after\n"
+        assert len(Sandbox.list_snapshots(name=name).next_items()) == 2
+
+        assert Sandbox.delete_snapshot(snapshot.snapshot_id)
+        # Sandboxes made from it keep their own copies.
+        assert made[0].commands.run("cat ~/state").stdout == "snap\n"
+        with pytest.raises(SandboxException, match="404"):
+            Sandbox.create(snapshot.snapshot_id)
+        assert Sandbox.delete_snapshot(name)
+        assert not Sandbox.delete_snapshot(name)
+    finally:
+        for sandbox in (source, *made):
+            sandbox.kill()
+    assert HostResources.measure(server.home, server.prefix) == before
+
+
+def test_filesystem_snapshots_and_pauses_start_a_fresh_guest(server: LiveServer) -> None:
+    before = HostResources.measure(server.home, server.prefix)
+    source = Sandbox.create()
+    made: list[Sandbox] = []
+    try:
+        # Written but not synced by anyone: the filesystem snapshot flushes it.
+        source.commands.run("echo kept > ~/state && " + TICKER)
+        snapshot = source.create_snapshot(mode="filesystem")
+        child = Sandbox.create(snapshot.snapshot_id)
+        made.append(child)
+        assert child.commands.run("cat ~/state").stdout == "kept\n"
+        assert ticks(child) is None  # a fresh guest: no process of the source's
+
+        source.pause(mode="filesystem")
+        assert source.get_info().state.value == "paused"
+        resumed = Sandbox.connect(source.sandbox_id)
+        assert resumed.commands.run("cat ~/state").stdout == "kept\n"
+        assert ticks(resumed) is None
+
+        # A full pause, resumed by reboot: the disk is kept, the memory is not.
+        resumed.commands.run(TICKER)
+        resumed.pause()
+        rebooted = Sandbox.connect(source.sandbox_id, on_resume="reboot")
+        assert rebooted.commands.run("cat ~/state").stdout == "kept\n"
+        assert ticks(rebooted) is None
+        Sandbox.delete_snapshot(snapshot.snapshot_id)
+    finally:
+        for sandbox in (source, *made):
+            sandbox.kill()
+    assert HostResources.measure(server.home, server.prefix) == before
+
+
+def test_rollback_puts_a_sandbox_back_in_place(server: LiveServer) -> None:
+    before = HostResources.measure(server.home, server.prefix)
+    sandbox = Sandbox.create()
+    api = httpx.Client(base_url=server.url, headers={"X-API-Key": TEST_KEY}, timeout=120)
+    try:
+        sandbox.commands.run("echo v1 > ~/state && " + TICKER)
+        snapshot = sandbox.create_snapshot()
+        sandbox.commands.run("echo v2 > ~/state && pkill -f '[w]hile :'; rm -f /tmp/ticks")
+        body = {"snapshotID": snapshot.snapshot_id}
+        for paused in (False, True):
+            if paused:
+                sandbox.commands.run("echo v3 > ~/state")
+                sandbox.pause()
+            r = api.post(f"/sandboxes/{sandbox.sandbox_id}/rollback", json=body)
+            assert r.status_code == 200, r.text
+            assert r.json()["sandboxID"] == sandbox.sandbox_id
+            # Same id and token: the SDK object made before keeps working.
+            assert sandbox.commands.run("cat ~/state").stdout == "v1\n"
+            assert ticks(sandbox) is not None
+        r = api.post(f"/sandboxes/{sandbox.sandbox_id}/rollback", json={"snapshotID": "nope:x"})
+        assert r.status_code == 404 and r.json()["code"] == 404
+        Sandbox.delete_snapshot(snapshot.snapshot_id)
+    finally:
+        api.close()
+        sandbox.kill()
+    assert HostResources.measure(server.home, server.prefix) == before

@@ -1,0 +1,69 @@
+"""The snapshot registry: names, builds, the default tag, lookups and deletes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentenv.errors import NotFound
+from agentenv.images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
+from agentenv.storage.posix import PosixObjectStore
+
+
+def _build(name: str, created_at: str, source: str = "i1") -> SnapshotRecord:
+    return SnapshotRecord(
+        name=name,
+        tag=new_tag(),
+        source_sandbox=source,
+        template_id="base",
+        memory=True,
+        vcpus=1,
+        memory_mb=256,
+        kit="k1",
+        created_at=created_at,
+    )
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> SnapshotRegistry:
+    return SnapshotRegistry(PosixObjectStore(tmp_path / "objects"))
+
+
+def test_a_name_means_its_newest_build(registry: SnapshotRegistry) -> None:
+    old = _build("web", "2026-01-01T00:00:00+00:00")
+    new = _build("web", "2026-01-02T00:00:00+00:00")
+    registry.save(new)
+    registry.save(old)
+    assert [b.tag for b in registry.builds("web")] == [old.tag, new.tag]
+    assert registry.get("web").tag == new.tag
+    assert registry.get("web:default").tag == new.tag
+    assert registry.get(old.snapshot_id).tag == old.tag
+    assert registry.names(new) == [new.snapshot_id, "web:default"]
+    assert registry.names(old) == [old.snapshot_id]
+
+
+def test_lookup_tells_images_from_missing_builds(registry: SnapshotRegistry) -> None:
+    registry.save(_build("web", "2026-01-01T00:00:00+00:00"))
+    # Not a snapshot's name: maybe an image reference, for the caller to decide.
+    assert registry.lookup("ubuntu:22.04") is None
+    assert registry.lookup("docker.io/library/ubuntu:22.04") is None
+    # A snapshot's name with a build it does not have is a 404, never a pull.
+    with pytest.raises(NotFound):
+        registry.lookup("web:b0000000000")
+    for odd in ("", ":", "WEB", "web:../x", "a/../../b:c"):
+        assert registry.find(odd) is None
+
+
+def test_delete_one_build_or_every_build(registry: SnapshotRegistry) -> None:
+    first = _build("web", "2026-01-01T00:00:00+00:00")
+    second = _build("web", "2026-01-02T00:00:00+00:00")
+    other = _build(new_name(), "2026-01-03T00:00:00+00:00", source="i2")
+    for record in (first, second, other):
+        registry.save(record)
+    assert [r.tag for r in registry.delete(second.snapshot_id)] == [second.tag]
+    assert registry.get("web").tag == first.tag  # the default moved back
+    assert [r.tag for r in registry.delete("web")] == [first.tag]
+    with pytest.raises(NotFound):
+        registry.delete("web")
+    assert [r.snapshot_id for r in registry.list()] == [other.snapshot_id]
