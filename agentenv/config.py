@@ -106,6 +106,13 @@ class StorageConfig:
 
 
 @dataclass
+class StateConfig:
+    # Where sandbox records live: "sqlite:///ABSOLUTE/PATH"; empty means <home>/state.db.
+    # Nodes that share it (and the object store) resume each other's paused sandboxes.
+    url: str = ""
+
+
+@dataclass
 class CacheConfig:
     # Bound on the local chunk cache; eviction runs from high_water down to low_water.
     max_bytes: int = 10 * 2**30
@@ -147,6 +154,7 @@ class Config:
     net: NetConfig = field(default_factory=NetConfig)
     kit: KitConfig = field(default_factory=KitConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    state: StateConfig = field(default_factory=StateConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
 
@@ -177,7 +185,14 @@ class Config:
 
     @property
     def state_db(self) -> Path:
-        return self.home / "state.db"
+        """The SQLite file of `state.url`; ConfigError for a URL of another kind."""
+        url = self.state.url
+        if not url:
+            return self.home / "state.db"
+        path = url.removeprefix("sqlite:///")
+        if path == url or not path:
+            raise ConfigError(f"state.url {url!r}: only sqlite:///ABSOLUTE/PATH is supported")
+        return Path("/" + path.lstrip("/"))
 
 
 class ConfigError(ValueError):
@@ -240,4 +255,5 @@ def load_config(
     ):
         if var in env:
             setattr(section, key, _coerce(env[var], type(getattr(section, key))))
+    cfg.state_db  # noqa: B018 - a bad state.url stops the server here, not at first use
     return cfg

@@ -51,3 +51,12 @@ def test_bad_files_are_refused(tmp_path: Path, text: str, message: str) -> None:
 def test_bad_env_value_names_the_variable() -> None:
     with pytest.raises(ConfigError, match="AENV_SANDBOX_VCPUS"):
         load_config(env={"AENV_SANDBOX_VCPUS": "two"})
+
+
+def test_state_url_places_the_state_store(tmp_path: Path) -> None:
+    assert load_config(env={"AENV_HOME": str(tmp_path)}).state_db == tmp_path / "state.db"
+    cfg = load_config(env={"AENV_STATE_URL": "sqlite:///srv/aenv/state.db"})
+    assert cfg.state_db == Path("/srv/aenv/state.db")
+    for bad in ("postgresql://db/aenv", "sqlite:///", "/srv/state.db"):
+        with pytest.raises(ConfigError, match=r"state\.url"):
+            load_config(env={"AENV_STATE_URL": bad})

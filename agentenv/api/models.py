@@ -80,6 +80,9 @@ class SnapshotInfo(BaseModel):
     memory: bool
     sizeBytes: int
     createdAt: datetime
+    # "uploading" until its files are in the object store, then "stored".
+    status: Literal["uploading", "stored"]
+    uploadError: str | None = None
 
 
 class ForkBody(_Request):
@@ -126,6 +129,9 @@ class SandboxDetail(ListedSandbox):
     domain: str | None = None
     lifecycle: Lifecycle | None = None
     pauseMode: Literal["full", "filesystem"] | None = None
+    # Paused only: "uploading" until its files are in the object store, then "stored"
+    # (any node sharing the state and object stores can resume it).
+    storage: Literal["uploading", "stored"] | None = None
 
 
 class SandboxMetric(BaseModel):

@@ -178,16 +178,18 @@ async def list_sandboxes_v1(
     ]
 
 
-@router.get("/sandboxes/{sandbox_id}")
+@router.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
 async def get_sandbox(manager: ManagerDep, cfg: ConfigDep, sandbox_id: str) -> SandboxDetail:
     record = await manager.get(sandbox_id)
+    paused = PUBLIC_STATE[record.state] == "paused"
     return SandboxDetail(
         **_listed_fields(record),
         envdAccessToken=record.access_token,
         allowInternetAccess=record.allow_internet,
         domain=public_domain(cfg),
         lifecycle=Lifecycle(autoResume=False, onTimeout="pause" if record.auto_pause else "kill"),
-        pauseMode=record.pause_mode if PUBLIC_STATE[record.state] == "paused" else None,
+        pauseMode=record.pause_mode if paused else None,
+        storage=("stored" if record.stored else "uploading") if paused else None,
     )
 
 

@@ -8,7 +8,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from ..images.snapshots import SnapshotRecord, SnapshotRegistry, split_ref
+from ..images.snapshots import SnapshotRecord, split_ref
+from ..runtime.snapshots import SandboxSnapshots
 from .deps import ConfigDep, SnapshotsDep
 from .errors import ERROR_RESPONSES
 from .models import RollbackBody, Sandbox, SnapshotBody, SnapshotInfo
@@ -18,15 +19,18 @@ from .sandboxes import public_domain, sandbox_answer
 router = APIRouter(responses=ERROR_RESPONSES)
 
 
-def _info(registry: SnapshotRegistry, snapshot: SnapshotRecord) -> SnapshotInfo:
+def _info(snapshots: SandboxSnapshots, snapshot: SnapshotRecord) -> SnapshotInfo:
+    """Blocking: the names are read from the registry."""
     return SnapshotInfo(
         snapshotID=snapshot.snapshot_id,
-        names=registry.names(snapshot),
+        names=snapshots.registry.names(snapshot),
         sandboxID=snapshot.source_sandbox,
         templateID=snapshot.template_id,
         memory=snapshot.memory,
         sizeBytes=snapshot.size,
         createdAt=snapshot.created,
+        status="stored" if snapshot.stored else "uploading",
+        uploadError=snapshots.uploads.errors.get(snapshot.snapshot_id),
     )
 
 
@@ -37,7 +41,7 @@ async def create_snapshot(
     """Snapshot a running sandbox, which runs on; a name that exists gets a new build."""
     body = body or SnapshotBody()
     snapshot = await snapshots.take(sandbox_id, body.name, body.memory)
-    return await asyncio.to_thread(_info, snapshots.registry, snapshot)
+    return await asyncio.to_thread(_info, snapshots, snapshot)
 
 
 @router.get("/snapshots")
@@ -63,7 +67,7 @@ async def list_snapshots(
     page = found[:limit]
     if len(found) > limit:
         response.headers["x-next-token"] = encode_cursor(page[-1].created, page[-1].snapshot_id)
-    return await asyncio.to_thread(lambda: [_info(registry, s) for s in page])
+    return await asyncio.to_thread(lambda: [_info(snapshots, s) for s in page])
 
 
 @router.post("/sandboxes/{sandbox_id}/rollback")

@@ -39,13 +39,17 @@ class SandboxRecord:
     guest: dict[str, Any] = field(default_factory=dict)
     # A timeout's auto-pause keeps memory (True) or the filesystem only (False).
     auto_pause_memory: bool = True
-    # What the last pause kept: "full" (memory and disk) or "filesystem"; None: never paused.
+    # What the last pause kept: "full" (memory and disk) or "filesystem"; None: running.
     pause_mode: str | None = None
+    # The object store's layers of its files as last uploaded (file name -> layer id), the
+    # parents its next upload is diffed against; `stored`: they are its paused files now.
+    layers: dict[str, str] = field(default_factory=dict)
+    stored: bool = False
 
 
-_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest")
+_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers")
 _TIME_FIELDS = ("started_at", "end_at")
-_BOOL_FIELDS = ("auto_pause", "allow_internet", "auto_pause_memory")
+_BOOL_FIELDS = ("auto_pause", "allow_internet", "auto_pause_memory", "stored")
 _COLUMNS = [f.name for f in fields(SandboxRecord)]
 
 
@@ -106,7 +110,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     vm TEXT,
     guest TEXT NOT NULL DEFAULT '{}',
     auto_pause_memory INTEGER NOT NULL DEFAULT 1,
-    pause_mode TEXT
+    pause_mode TEXT,
+    layers TEXT NOT NULL DEFAULT '{}',
+    stored INTEGER NOT NULL DEFAULT 0
 );
 """
 
@@ -116,6 +122,8 @@ _ADDED_COLUMNS = {
     "guest": "TEXT NOT NULL DEFAULT '{}'",
     "auto_pause_memory": "INTEGER NOT NULL DEFAULT 1",
     "pause_mode": "TEXT",
+    "layers": "TEXT NOT NULL DEFAULT '{}'",
+    "stored": "INTEGER NOT NULL DEFAULT 0",
 }
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import tempfile
 import time
@@ -21,13 +20,13 @@ from typing import BinaryIO
 
 from agentenv.errors import AenvError
 from agentenv.guest.buildutil import run
+from agentenv.storage.filelayer import materialize
 from agentenv.storage.layer import (
     BLOCK_SIZE,
     LayerIndex,
     LayerWriter,
     Stack,
     chain_id,
-    chunk_key,
     layer_key,
 )
 from agentenv.storage.objectstore import ObjectNotFound, ObjectStore
@@ -161,30 +160,6 @@ def format_layer(
         finally:
             os.close(fd)
         return writer.finish()
-
-
-def materialize(stack: Stack, store: ObjectStore, dest: Path) -> None:
-    """Write the stack's whole raw image to `dest` as a sparse file (absent blocks: holes)."""
-    by_chunk: dict[str, list[tuple[int, int]]] = {}
-    for block in range(-(-stack.size // BLOCK_SIZE)):
-        ref = stack.lookup(block)
-        if ref is not None:
-            by_chunk.setdefault(ref.chunk, []).append((block, ref.offset))
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.ftruncate(fd, stack.size)
-        for digest, blocks in by_chunk.items():
-            data = store.get(chunk_key(digest))
-            if hashlib.sha256(data).hexdigest() != digest:
-                raise ConversionError(f"materialize {stack.top}: chunk {digest} is corrupt")
-            view = memoryview(data)
-            for block, offset in blocks:
-                piece = view[offset : offset + BLOCK_SIZE]
-                if not _is_zero(piece):
-                    os.pwrite(fd, piece, block * BLOCK_SIZE)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -356,8 +331,6 @@ def convert_image(
             if holds != layers[-1].layer_id:
                 try:
                     materialize(Stack(layers), store, top)
-                except ConversionError:
-                    raise
                 except Exception as exc:
                     raise ConversionError(
                         f"layer {diff_id}: materialize parent: {exc}{_space_hint(scratch)}"

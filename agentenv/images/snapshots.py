@@ -40,6 +40,10 @@ class SnapshotRecord:
     guest: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
     size: int = 0
+    # Layers the upload diffs against (the source's last uploaded ones), and the layers of
+    # this snapshot's files once uploaded (file name -> layer id; empty until then).
+    base: dict[str, str] = field(default_factory=dict)
+    stored: dict[str, str] = field(default_factory=dict)
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
 
     @property

@@ -10,6 +10,7 @@ table in `lifecycle.py` decides what is allowed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import shutil
@@ -34,6 +35,7 @@ from ..net.netns import (
     apply_policy,
     create_network,
     destroy_network,
+    list_namespaces,
     plan_network,
 )
 from ..net.policy import egress_policy
@@ -131,6 +133,7 @@ class SandboxManager:
         self._admission_lock = asyncio.Lock()
         self._locks: dict[str, asyncio.Lock] = {}
         self._operations: dict[str, asyncio.Task[Any]] = {}
+        self._readers: dict[str, asyncio.Task[None]] = {}
         self._routes: dict[str, Route] = {}
 
     # -- helpers ---------------------------------------------------------------------
@@ -198,6 +201,7 @@ class SandboxManager:
         async with self.lock(sandbox_id):
             record = await self.get(sandbox_id)
             next_state(record.state, event)  # a refused event is 409, before admission
+            await self._stop_reader(sandbox_id)
             if admit_memory:
                 async with self._admission_lock:
                     await self._admit(demand_of(record), exclude=sandbox_id)
@@ -214,6 +218,21 @@ class SandboxManager:
                 raise
             await self._transition(record, Event.DONE)
             return result
+
+    def read_paused(self, sandbox_id: str, body: Awaitable[None]) -> asyncio.Task[None]:
+        """Run `body`, which reads a paused sandbox's files, until the next operation on
+        the sandbox: that cancels it first, so nothing reads files a guest changes."""
+        task = asyncio.ensure_future(body)
+        self._readers[sandbox_id] = task
+        task.add_done_callback(lambda _: self._readers.pop(sandbox_id, None))
+        return task
+
+    async def _stop_reader(self, sandbox_id: str) -> None:
+        reader = self._readers.get(sandbox_id)
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
 
     async def _admit(self, demand: Demand, exclude: str | None = None) -> None:
         records = [r for r in await self.store.list() if r.sandbox_id != exclude]
@@ -294,8 +313,10 @@ class SandboxManager:
         auto_pause_memory: bool,
         allow_internet: bool,
         secure: bool,
+        layers: dict[str, str] | None = None,
     ) -> SandboxRecord:
-        """Admit a sandbox and store its `creating` record with a free network slot."""
+        """Admit a sandbox and store its `creating` record with a free network slot;
+        `layers` are stored ones its files start from (its first upload's parents)."""
         started = now()
         async with self._admission_lock:
             record = SandboxRecord(
@@ -316,6 +337,7 @@ class SandboxManager:
                 auto_pause_memory=auto_pause_memory,
                 allow_internet=allow_internet,
                 access_token=secrets.token_hex(16) if secure else None,
+                layers=dict(layers or {}),
             )
             await self._admit(demand_of(record))
             used = {r.slot for r in await self.store.list()}
@@ -434,6 +456,7 @@ class SandboxManager:
         if operation is not None:
             operation.cancel()
         async with self.lock(sandbox_id):
+            await self._stop_reader(sandbox_id)
             record = await self.store.get(sandbox_id)
             if record is None:
                 if operation is not None:
@@ -482,7 +505,12 @@ class SandboxManager:
             ) from exc
 
     def saved_state_intact(self, record: SandboxRecord) -> bool:
-        """Whether a paused sandbox's files are a whole pause of the kind it recorded."""
+        """Whether a paused sandbox's files are a whole pause of the kind it recorded,
+        here or (uploaded) in the object store."""
+        return record.stored or self.local_state_intact(record)
+
+    def local_state_intact(self, record: SandboxRecord) -> bool:
+        """Whether this node holds a paused sandbox's files, whole."""
         workdir = self.workdir(record.sandbox_id)
         if record.pause_mode == FILESYSTEM:
             return (workdir / "rootfs.qcow2").is_file()
@@ -499,8 +527,19 @@ class SandboxManager:
         await self._transition(record, event)
 
     async def renew_network_policy(self, record: SandboxRecord) -> None:
-        """Apply today's egress policy to a sandbox kept across a restart."""
-        await apply_policy(self.network_plan(record), record.allow_internet, self.egress)
+        """Apply today's egress policy to a sandbox kept across a restart (one paused on
+        another node has no namespace here until it resumes)."""
+        if await self._has_network(record):
+            await apply_policy(self.network_plan(record), record.allow_internet, self.egress)
+
+    async def ensure_network(self, record: SandboxRecord) -> None:
+        """The namespace of a sandbox that was paused on another node is made here."""
+        if not await self._has_network(record):
+            await create_network(self.network_plan(record), record.allow_internet, self.egress)
+
+    async def _has_network(self, record: SandboxRecord) -> bool:
+        names = await asyncio.to_thread(list_namespaces, self.cfg.net.name_prefix)
+        return self.network_plan(record).netns in names
 
     def adopt(self, record: SandboxRecord) -> None:
         """Route the proxy to a running sandbox (one whose VM survived a restart too)."""

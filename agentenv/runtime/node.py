@@ -30,6 +30,7 @@ from .bootsnap import BootSnapshots, Shape
 from .fork import SandboxForks
 from .manager import SandboxManager, guest_kernel_args
 from .pause import SandboxPauses
+from .persist import Uploads
 from .recovery import recover
 from .snapshots import SandboxSnapshots
 from .sweeper import run_sweeper
@@ -118,8 +119,15 @@ class Node:
         manager = SandboxManager(cfg, store, driver, kit, catalog, snapshots)
         await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix)
         await recover(manager)
-        snapshots = SandboxSnapshots(SandboxPauses(manager), SnapshotRegistry(objects), catalog)
+        uploads = Uploads(manager, objects)
+        stack.push_async_callback(uploads.close)
+        snapshots = SandboxSnapshots(
+            SandboxPauses(manager, objects), SnapshotRegistry(objects), catalog, uploads
+        )
         await snapshots.reclaim()
+        await snapshots.resume_uploads()
+        scanner = asyncio.create_task(uploads.run())
+        stack.push_async_callback(_cancelled, scanner)
         builds = TemplateBuilds(cfg, catalog, puller, manager.capacity.max_vcpus)
         stack.push_async_callback(builds.close)
         node = cls(cfg, accel, manager, snapshots, catalog, puller, builds, stack)

@@ -15,10 +15,13 @@ import httpx
 from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
 from ..errors import Unavailable
+from ..storage.objectstore import ObjectStore, ObjectStoreError
 from ..vmm.driver import VmHandle, VmmError
+from .bootsnap import read_init_secret, write_init_secret
 from .cleanup import CleanupStack
 from .lifecycle import Event, allows
 from .manager import FILESYSTEM, FULL, GuestLost, SandboxManager, now
+from .persist import fetch_files
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +29,9 @@ log = logging.getLogger(__name__)
 class SandboxPauses:
     """`pause`, `connect` and `resume` for the sandboxes of one manager."""
 
-    def __init__(self, manager: SandboxManager) -> None:
+    def __init__(self, manager: SandboxManager, objects: ObjectStore) -> None:
         self.manager = manager
+        self.objects = objects
 
     async def pause(
         self, sandbox_id: str, memory: bool = True, require_healthy_guest: bool = False
@@ -106,7 +110,15 @@ class SandboxPauses:
 
     async def wake(self, record: SandboxRecord, memory: bool = True) -> None:
         """Run a paused sandbox again: its memory restored, or, without `memory` or after a
-        filesystem-only pause, a fresh guest on its disk."""
+        filesystem-only pause, a fresh guest on its disk. Files this node does not hold
+        are fetched from the object store first."""
+        if record.stored and not self.manager.local_state_intact(record):
+            await self._fetch(record)
+        if record.stored:
+            # The files change from here on: the stored layers become the next upload's parents.
+            record.stored = False
+            await self.manager.store.update(record.sandbox_id, stored=False)
+        await self.manager.ensure_network(record)
         if memory and record.pause_mode != FILESYSTEM:
             await self._restore_paused(record)
         else:
@@ -114,6 +126,26 @@ class SandboxPauses:
         # Running, it has no pause behind it: recovery must not read one into its files.
         record.pause_mode = None
         await self.manager.store.update(record.sandbox_id, pause_mode=None)
+
+    async def _fetch(self, record: SandboxRecord) -> None:
+        workdir = self.manager.workdir(record.sandbox_id)
+        await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+        if read_init_secret(workdir) is None:
+            write_init_secret(workdir)
+        try:
+            await asyncio.to_thread(
+                fetch_files,
+                self.objects,
+                record.layers,
+                workdir,
+                self.manager.snapshot_dir(record.sandbox_id),
+            )
+        except (ObjectStoreError, OSError) as exc:
+            raise Unavailable(
+                f"sandbox {record.sandbox_id}: fetching its files failed: {exc}"
+            ) from exc
+        crash_point("resume.fetched")
+        log.info("sandbox %s: fetched its files from the object store", record.sandbox_id)
 
     async def _restore_paused(self, record: SandboxRecord) -> None:
         """A new VMM from the paused sandbox's own files; the guest continues where it was."""

@@ -27,6 +27,7 @@ from .checkpoint import DISK, MEMORY, provision_from_checkpoint, take_checkpoint
 from .lifecycle import Event
 from .manager import FILESYSTEM, FULL, CreateRequest, SandboxManager, now
 from .pause import SandboxPauses
+from .persist import Uploads, fetch_files
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,10 @@ class SandboxSnapshots:
         pauses: SandboxPauses,
         registry: SnapshotRegistry,
         catalog: TemplateCatalog,
+        uploads: Uploads,
     ) -> None:
         self.pauses = pauses
+        self.uploads = uploads
         self.manager = pauses.manager
         self.registry = registry
         self.catalog = catalog
@@ -85,6 +88,7 @@ class SandboxSnapshots:
                 },
                 metadata=dict(source.metadata),
                 size=await asyncio.to_thread(_allocated_bytes, staging),
+                base=dict(source.layers),
             )
             crash_point("snapshot.copied")
             await asyncio.to_thread(self._publish, staging, snapshot)
@@ -92,7 +96,47 @@ class SandboxSnapshots:
             await asyncio.to_thread(shutil.rmtree, staging, True)
             raise
         log.info("sandbox %s snapshotted as %s", sandbox_id, snapshot.snapshot_id)
+        self._upload(snapshot)
         return snapshot
+
+    def _upload(self, snapshot: SnapshotRecord) -> None:
+        self.uploads.start(
+            self.uploads.upload_snapshot(snapshot, self.files(snapshot), self._saved)
+        )
+
+    async def _saved(self, snapshot: SnapshotRecord) -> None:
+        """Record an uploaded snapshot's layers, unless it was deleted meanwhile."""
+        if await asyncio.to_thread(self.registry.find, snapshot.snapshot_id) is not None:
+            await asyncio.to_thread(self.registry.save, snapshot)
+
+    async def resume_uploads(self) -> None:
+        """At start: upload the snapshots taken here that are not stored yet."""
+        for snapshot in await asyncio.to_thread(self.registry.list):
+            if not snapshot.stored and self.files(snapshot).is_dir():
+                self._upload(snapshot)
+
+    async def local_files(self, snapshot: SnapshotRecord) -> Path:
+        """The snapshot's files on this node, fetched from the object store if needed."""
+        files = self.files(snapshot)
+        if files.is_dir():
+            return files
+        if not snapshot.stored:
+            raise Unavailable(
+                f"snapshot {snapshot.snapshot_id}: its files are on another node and not "
+                "uploaded yet"
+            )
+        staging = self.root / _STAGING / f"{snapshot.name}-{snapshot.tag}-fetch"
+        await asyncio.to_thread(shutil.rmtree, staging, True)
+        try:
+            await asyncio.to_thread(
+                fetch_files, self.uploads.store, snapshot.stored, staging, staging
+            )
+            files.parent.mkdir(parents=True, exist_ok=True)
+            staging.rename(files)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+            raise
+        return files
 
     def _publish(self, staging: Path, snapshot: SnapshotRecord) -> None:
         """Files into place, then the record: a recorded snapshot always has whole files."""
@@ -107,9 +151,7 @@ class SandboxSnapshots:
         fresh guest on a copy of its disk; the request's env vars are added."""
         # The snapshot's disk is an overlay of its template's: that must be served.
         await asyncio.to_thread(self.catalog.resolve, snapshot.template_id)
-        checkpoint = self.files(snapshot)
-        if not checkpoint.is_dir():
-            raise Unavailable(f"snapshot {snapshot.snapshot_id}: its files are not on this node")
+        checkpoint = await self.local_files(snapshot)
         kit = self.manager.kit
         if snapshot.memory:
             kit = self.manager.kit_version(snapshot.kit)
@@ -122,6 +164,7 @@ class SandboxSnapshots:
             metadata=request.metadata,
             env_vars=request.env_vars,
             guest=snapshot.guest,
+            layers=snapshot.stored or snapshot.base,
             auto_pause=request.auto_pause,
             auto_pause_memory=request.auto_pause_memory,
             allow_internet=request.allow_internet,
@@ -145,9 +188,7 @@ class SandboxSnapshots:
                 f"{snapshot.memory_mb} MB; sandbox '{sandbox_id}' has {record.vcpus} and "
                 f"{record.memory_mb}"
             )
-        files = self.files(snapshot)
-        if not files.is_dir():
-            raise Unavailable(f"snapshot {snapshot.snapshot_id}: its files are not on this node")
+        files = await self.local_files(snapshot)
         await asyncio.to_thread(self.catalog.resolve, snapshot.template_id)
         # Staged beside the sandbox's files before anything changes; a failure here
         # leaves the sandbox as it was.
@@ -201,9 +242,12 @@ def _stage(files: Path, staging: Path, snapshot: SnapshotRecord) -> None:
     staging.mkdir()
     for path in files.iterdir():
         copy_sparse(path, staging / path.name)
-    (staging / _ROLLBACK_META).write_text(
-        json.dumps({"memory": snapshot.memory, "kit": snapshot.kit})
-    )
+    meta = {
+        "memory": snapshot.memory,
+        "kit": snapshot.kit,
+        "layers": snapshot.stored or snapshot.base,
+    }
+    (staging / _ROLLBACK_META).write_text(json.dumps(meta))
 
 
 async def finish_rollback(manager: SandboxManager, record: SandboxRecord) -> bool:
@@ -220,7 +264,15 @@ async def finish_rollback(manager: SandboxManager, record: SandboxRecord) -> boo
     record.pause_mode = FULL if meta["memory"] else FILESYSTEM
     if record.vm is not None:
         record.vm["extra"] = {**record.vm.get("extra", {}), "kit": meta["kit"]}
-    await manager.store.update(record.sandbox_id, pause_mode=record.pause_mode, vm=record.vm)
+    # Its files are the snapshot's now: uploads diff against the snapshot's layers.
+    record.layers, record.stored = meta.get("layers", {}), False
+    await manager.store.update(
+        record.sandbox_id,
+        pause_mode=record.pause_mode,
+        vm=record.vm,
+        layers=record.layers,
+        stored=False,
+    )
     await asyncio.to_thread(
         _move_into_place,
         committed,

@@ -229,7 +229,8 @@ def test_pause_and_connect_resume_where_it_stopped(server: LiveServer) -> None:
         listed = api.get("/v2/sandboxes", params={"state": "paused"}).json()
         assert sid in [s["sandboxID"] for s in listed]
         assert sid not in [s["sandboxID"] for s in api.get("/sandboxes").json()]
-        assert api.post(f"/sandboxes/{sid}/pause", json={"memory": False}).status_code == 400
+        # Already paused: a filesystem-only pause is refused like any other (409).
+        assert api.post(f"/sandboxes/{sid}/pause", json={"memory": False}).status_code == 409
         resumed = api.post(f"/v2/sandboxes/{sid}/connect", json={"timeout": 120})
         assert resumed.status_code == 201, resumed.text
         assert resumed.json()["sandboxID"] == sid

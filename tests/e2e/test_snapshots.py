@@ -3,12 +3,19 @@ filesystem-only snapshots and pauses; a reboot on resume; rollback in place."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from e2b import Sandbox
 from e2b.exceptions import SandboxException
+
+from agentenv.config import load_config
+from agentenv.net.netns import list_namespaces
+from agentenv.storage.blockd import BlockdClient
 
 from ..live import TEST_KEY, HostResources, LiveServer
 
@@ -133,3 +140,77 @@ def test_rollback_puts_a_sandbox_back_in_place(server: LiveServer) -> None:
         api.close()
         sandbox.kill()
     assert HostResources.measure(server.home, server.prefix) == before
+
+
+def _point_sdk(monkeypatch: pytest.MonkeyPatch, server: LiveServer) -> None:
+    monkeypatch.setenv("E2B_API_URL", server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
+
+
+def _until_stored(server: LiveServer, sandbox_id: str, snapshot_id: str) -> None:
+    deadline = time.monotonic() + 120
+    with server.client() as api:
+        while time.monotonic() < deadline:
+            sandbox = api.get(f"/sandboxes/{sandbox_id}").json()
+            snapshots = api.get("/snapshots", params={"name": snapshot_id}).json()
+            if sandbox.get("storage") == "stored" and snapshots[0]["status"] == "stored":
+                return
+            time.sleep(0.5)
+    raise AssertionError(f"not stored in time: {sandbox} {snapshots}")
+
+
+def test_a_new_node_resumes_what_a_lost_node_left(
+    kit_ready: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's home is deleted; a node with an empty home and the same state and object
+    stores resumes its paused sandbox and starts sandboxes from its snapshot, memory,
+    processes and disk intact."""
+    shared = tmp_path / "shared"
+    env = {
+        "AENV_STATE_URL": f"sqlite:///{shared / 'state.db'}",
+        "AENV_STORAGE_POSIX_ROOT": str(shared / "objects"),
+        "E2B_API_KEY": TEST_KEY,
+    }
+    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+    lost = LiveServer(tmp_path / "lost", extra_env=env)
+    lost.home.mkdir()
+    new = LiveServer(tmp_path / "new", extra_env=env)
+    new.home.mkdir()
+    try:
+        lost.start()
+        _point_sdk(monkeypatch, lost)
+        sandbox = Sandbox.create()
+        sandbox.commands.run(
+            "echo disk > ~/state && head -c 3000000 /dev/urandom > ~/blob && "
+            "sha256sum ~/blob > ~/blob.sum && " + TICKER
+        )
+        # A secret held only in a process's memory.
+        sandbox.commands.run(
+            'nohup python3 -c "import time,os; s=os.urandom(8).hex(); '
+            "open('/tmp/secret','w').write(s); time.sleep(1e6)\" "
+            ">/dev/null 2>&1 &"
+        )
+        time.sleep(1)
+        secret = sandbox.commands.run("cat /tmp/secret").stdout
+        snapshot = sandbox.create_snapshot()
+        sandbox.pause()
+        _until_stored(lost, sandbox.sandbox_id, snapshot.snapshot_id)
+        lost.stop()
+        BlockdClient(load_config(env=lost.env)).stop()
+        for netns in list_namespaces(lost.prefix):
+            subprocess.run(["ip", "netns", "del", netns], check=False)
+        shutil.rmtree(lost.home)
+
+        new.start()
+        _point_sdk(monkeypatch, new)
+        resumed = Sandbox.connect(sandbox.sandbox_id)
+        assert resumed.commands.run("cat ~/state; sha256sum -c ~/blob.sum").exit_code == 0
+        assert resumed.commands.run("cat /tmp/secret").stdout == secret
+        assert ticks(resumed) is not None
+        assert resumed.commands.run("pgrep -f time.sleep").exit_code == 0
+        child = Sandbox.create(snapshot.snapshot_id)
+        assert child.commands.run("cat ~/state").stdout == "disk\n"
+        assert ticks(child) is not None
+    finally:
+        new.close()
+        lost.close()

@@ -18,6 +18,7 @@ from agentenv.images.catalog import Template
 from agentenv.runtime import manager as manager_module
 from agentenv.runtime.manager import CreateRequest, SandboxManager
 from agentenv.runtime.pause import SandboxPauses
+from agentenv.storage.posix import PosixObjectStore
 from agentenv.vmm.driver import Launched, VmHandle, VmSpec
 
 VMSTATE, CONSUMED = "vmstate", "vmstate.consumed"
@@ -185,4 +186,5 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
         return handle
 
     monkeypatch.setattr(manager.launcher, "start", start)
-    return Harness(manager, SandboxPauses(manager), driver, agent, networks)
+    objects = PosixObjectStore(tmp_path / "objects")
+    return Harness(manager, SandboxPauses(manager, objects), driver, agent, networks)
