@@ -53,6 +53,8 @@ class SandboxConfig:
     disk_overcommit: float = 1.0
     # vCPUs one sandbox may have; 0 means the host's CPU count.
     max_vcpus: int = 0
+    # Most sandboxes one fork request may start (E2B's SDK itself sends at most 20).
+    max_forks: int = 100
 
 
 @dataclass

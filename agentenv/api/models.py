@@ -9,9 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .limits import PRINTABLE, EnvVars, Metadata
 
-# The E2B SDK allows 1-20 forks per call.
-MAX_FORKS = 20
-
 
 class _Request(BaseModel):
     # Unknown fields are refused, so a feature we lack is never silently ignored.
@@ -87,7 +84,8 @@ class SnapshotInfo(BaseModel):
 
 class ForkBody(_Request):
     timeout: int | None = Field(default=None, ge=0, le=10_000_000)
-    count: int = Field(default=1, ge=1, le=MAX_FORKS)
+    # At most `sandbox.max_forks` (checked by the route: it is configuration).
+    count: int = Field(default=1, ge=1, le=10_000)
 
 
 class Sandbox(BaseModel):

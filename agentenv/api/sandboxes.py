@@ -268,6 +268,10 @@ async def fork_sandbox(
 ) -> list[dict[str, Any]]:
     """Checkpoint the sandbox in place and start `count` forks; one result per fork."""
     body = body or ForkBody()
+    if body.count > node.cfg.sandbox.max_forks:
+        raise InvalidInput(
+            f"count must be at most {node.cfg.sandbox.max_forks} (sandbox.max_forks)"
+        )
     results = await node.forks.fork(sandbox_id, body.count, body.timeout)
     domain = public_domain(node.cfg)
     out: list[dict[str, Any]] = []

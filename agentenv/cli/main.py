@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "fork", commands.cmd_fork, "fork a running sandbox; print the new ids")
     p.add_argument("id", metavar="ID")
-    p.add_argument("--count", type=int, default=1, help="how many forks (1-20, default 1)")
+    p.add_argument("--count", type=int, default=1, help="how many forks (default 1, at most sandbox.max_forks)")
     p.add_argument("--timeout", type=int, metavar="SECONDS", help="the forks' lifetime")
 
     p = _add(sub, "timeout", commands.cmd_timeout, "set a sandbox to expire SECONDS from now")

@@ -60,9 +60,18 @@ def call_until_crash(server: LiveServer, method: str, path: str, body: dict) -> 
     server.proc = None
 
 
-def settled(server: LiveServer, known: dict[str, dict[str, Any]], floor: int) -> dict[str, str]:
+def settled(
+    server: LiveServer,
+    known: dict[str, dict[str, Any]],
+    floor: int,
+    *,
+    snapshots: int = 0,
+    counting: bool = True,
+) -> dict[str, str]:
     """Each sandbox's state after recovery, each checked: a running one answers and its
-    counter goes on from at least `floor`; a paused one resumes and does the same."""
+    counter goes on from at least `floor`; a paused one resumes and does the same (a
+    fresh guest after a filesystem pause, not `counting`, keeps its count on disk only).
+    Host resources are each sandbox's, and `snapshots` snapshots' files."""
     with server.client() as api:
         listed = {s["sandboxID"]: s for s in api.get("/v2/sandboxes").json()}
     states: dict[str, str] = {}
@@ -78,12 +87,13 @@ def settled(server: LiveServer, known: dict[str, dict[str, Any]], floor: int) ->
             sandbox = {**sandbox, **resumed.json()}
         first = count(server, sandbox)
         assert first >= floor, (sid, first, floor)
-        time.sleep(0.5)
-        assert count(server, sandbox) > first, f"{sid}: the counter stopped"
+        if counting:
+            time.sleep(0.5)
+            assert count(server, sandbox) > first, f"{sid}: the counter stopped"
         states[sid] = entry["state"]
     expected = HostResources(
         vmms=len(listed), namespaces=len(listed), links=len(listed), workdirs=len(listed),
-        mounts=0, sockets=len(listed), checkpoints=0,
+        mounts=0, sockets=len(listed), checkpoints=0, snapshots=snapshots,
     )  # fmt: skip
     assert server.resources() == expected
     return states
@@ -203,4 +213,100 @@ def test_sigkill_swept_over_an_operation(fresh_server: LiveServer, operation: st
         with fresh_server.client() as api:
             for fork in set(states) - {sid}:
                 api.delete(f"/sandboxes/{fork}")
+    kill_all(fresh_server, [sid])
+
+
+def _snapshot(server: LiveServer, sid: str, body: dict[str, Any] | None = None) -> str:
+    with server.client() as api:
+        answer = api.post(f"/sandboxes/{sid}/snapshots", json=body or {})
+    assert answer.status_code == 201, answer.text
+    return answer.json()["snapshotID"]
+
+
+def _no_snapshots_left(server: LiveServer) -> None:
+    with server.client() as api:
+        for snapshot in api.get("/snapshots").json():
+            assert api.delete(f"/templates/{snapshot['snapshotID']}").status_code == 204
+    assert server.resources().snapshots == 0
+
+
+@pytest.mark.parametrize("point", ["checkpoint.frozen", "snapshot.copied", "snapshot.placed"])
+def test_crash_during_snapshot(fresh_server: LiveServer, point: str) -> None:
+    """The source runs on; a snapshot is recorded whole or not at all, no files left."""
+    restart(fresh_server)
+    sandbox = create(fresh_server)
+    floor = start_counting(fresh_server, sandbox)
+    sid = sandbox["sandboxID"]
+    fresh_server.stop()
+    restart(fresh_server, crash_at=point)
+    call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/snapshots", {})
+    restart(fresh_server)
+    assert settled(fresh_server, {sid: sandbox}, floor) == {sid: "running"}
+    with fresh_server.client() as api:
+        assert api.get("/snapshots").json() == []
+    assert fresh_server.resources().snapshots == 0
+    kill_all(fresh_server, [sid])
+
+
+@pytest.mark.parametrize(
+    ("point", "outcome"),
+    [
+        ("rollback.committed", "paused"),
+        ("rollback.applied", "paused"),
+        ("resume.restored", "running"),
+    ],
+)
+def test_crash_during_rollback(fresh_server: LiveServer, point: str, outcome: str) -> None:
+    """Once committed, a rollback ends paused at its snapshot or running from it."""
+    restart(fresh_server)
+    sandbox = create(fresh_server)
+    floor = start_counting(fresh_server, sandbox)
+    sid = sandbox["sandboxID"]
+    snapshot = _snapshot(fresh_server, sid)
+    fresh_server.stop()
+    restart(fresh_server, crash_at=point)
+    call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/rollback", {"snapshotID": snapshot})
+    restart(fresh_server)
+    assert settled(fresh_server, {sid: sandbox}, floor, snapshots=1) == {sid: outcome}
+    _no_snapshots_left(fresh_server)
+    kill_all(fresh_server, [sid])
+
+
+@pytest.mark.parametrize(
+    ("point", "outcome"), [("pause.begun", "running"), ("pause.stopped", "paused")]
+)
+def test_crash_during_a_filesystem_pause(
+    fresh_server: LiveServer, point: str, outcome: str
+) -> None:
+    restart(fresh_server)
+    sandbox = create(fresh_server)
+    floor = start_counting(fresh_server, sandbox)
+    sid = sandbox["sandboxID"]
+    fresh_server.stop()
+    restart(fresh_server, crash_at=point)
+    call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/pause", {"memory": False})
+    restart(fresh_server)
+    # A fresh guest after a filesystem pause: its counter file on disk, no counter running.
+    counting = outcome == "running"
+    assert settled(fresh_server, {sid: sandbox}, floor, counting=counting) == {sid: outcome}
+    kill_all(fresh_server, [sid])
+
+
+def test_crash_during_an_upload(fresh_server: LiveServer) -> None:
+    """The server dies after an upload wrote its layers but before recording them: the
+    sandbox stays paused and the upload is done again."""
+    sandbox, floor = paused_with_counter(fresh_server)
+    sid = sandbox["sandboxID"]
+    fresh_server.stop()
+    restart(fresh_server, crash_at="upload.stored")
+    assert fresh_server.proc is not None
+    assert fresh_server.proc.wait(timeout=120) == -signal.SIGKILL, fresh_server.log_tail()
+    fresh_server.proc = None
+    restart(fresh_server)
+    deadline = time.monotonic() + 120
+    with fresh_server.client() as api:
+        while api.get(f"/sandboxes/{sid}").json().get("storage") != "stored":
+            assert time.monotonic() < deadline, "never stored"
+            time.sleep(0.5)
+    assert settled(fresh_server, {sid: sandbox}, floor) == {sid: "paused"}
     kill_all(fresh_server, [sid])

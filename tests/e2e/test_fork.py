@@ -66,7 +66,7 @@ def test_only_running_sandboxes_fork(server: LiveServer) -> None:
         sandbox.kill()
     with server.client(TEST_KEY) as api:
         assert api.post("/sandboxes/nope/fork", json={}).status_code == 404
-        bad = api.post(f"/sandboxes/{sandbox.sandbox_id}/fork", json={"count": 21})
+        bad = api.post(f"/sandboxes/{sandbox.sandbox_id}/fork", json={"count": 101})
         assert bad.status_code == 400 and "count" in bad.json()["message"]
 
 

@@ -4,15 +4,21 @@ names, with nothing left behind."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
+from agentenv.control.store import SandboxRecord
 from agentenv.errors import Conflict, Unavailable
+from agentenv.runtime import persist
 from agentenv.runtime.lifecycle import State
 from agentenv.runtime.manager import GuestLost
+from agentenv.runtime.persist import Uploads
 from agentenv.runtime.recovery import recover
+from agentenv.storage.objectstore import ObjectStoreError
 from agentenv.vmm.driver import VmHandle, VmmError
 
 from .fakes import Harness, make_harness
@@ -229,3 +235,72 @@ async def test_an_uncommitted_rollback_leaves_the_sandbox_running(h: Harness) ->
     sid = await crashed_in(h, State.ROLLING_BACK, saved=False, alive=True)
     await recover(h.manager)
     assert await h.state(sid) == "running" and h.manager.route(sid) is not None
+
+
+async def _stored(h: Harness, uploads: Uploads, sid: str) -> SandboxRecord:
+    await uploads.scan()
+    for _ in range(200):
+        record = await h.manager.store.get(sid)
+        assert record is not None
+        if record.stored:
+            return record
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not stored: {uploads.errors}")
+
+
+async def test_a_stored_paused_sandbox_resumes_without_its_local_files(
+    h: Harness, tmp_path: Path
+) -> None:
+    sid = await h.create()
+    workdir = h.manager.workdir(sid)
+    (workdir / "memory").write_bytes(b"guest ram" * 1000)
+    await h.pauses.pause(sid)
+    uploads = Uploads(h.manager, h.pauses.objects)
+    record = await _stored(h, uploads, sid)
+    assert set(record.layers) == {"rootfs.qcow2", "memory", "state/vmstate"}
+    # The node's copy goes (its home was lost); the record and the store remain.
+    shutil.rmtree(workdir)
+    assert h.manager.saved_state_intact(record)
+    await h.pauses.resume(sid, 60)
+    assert (workdir / "memory").read_bytes() == b"guest ram" * 1000
+    record = await h.manager.store.get(sid)
+    assert record is not None and record.state == "running" and not record.stored
+
+
+async def test_an_upload_that_fails_is_shown_and_retried(h: Harness) -> None:
+    sid = await h.create()
+    await h.pauses.pause(sid)
+    store = h.pauses.objects
+    uploads = Uploads(h.manager, store)
+    real_put = store.put
+    store.put = lambda *a: (_ for _ in ()).throw(ObjectStoreError("store unreachable"))  # type: ignore[method-assign]
+    await uploads.scan()
+    for _ in range(200):
+        if sid in uploads.errors:
+            break
+        await asyncio.sleep(0.01)
+    assert "unreachable" in uploads.errors[sid]
+    record = await h.manager.store.get(sid)
+    assert record is not None and record.state == "paused" and not record.stored
+    store.put = real_put  # type: ignore[method-assign]
+    uploads._retry_at.clear()
+    await _stored(h, uploads, sid)
+    assert sid not in uploads.errors
+
+
+async def test_resume_cancels_an_upload_under_way(h: Harness) -> None:
+    sid = await h.create()
+    await h.pauses.pause(sid)
+    gate = threading.Event()
+    uploads = Uploads(h.manager, h.pauses.objects)
+    real = persist.upload_files
+    persist.upload_files = lambda *a: (gate.wait(5), real(*a))[1]  # type: ignore[assignment]
+    try:
+        await uploads.scan()
+        await h.pauses.resume(sid, 60)
+    finally:
+        gate.set()
+        persist.upload_files = real  # type: ignore[assignment]
+    await asyncio.sleep(0.05)
+    record = await h.manager.store.get(sid)
+    assert record is not None and record.state == "running" and not record.stored

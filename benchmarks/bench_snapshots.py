@@ -1,0 +1,141 @@
+"""Snapshots through the API: taking one after 0 / 10 / 100 MB of fresh writes to memory
+and disk (time, and bytes its upload wrote to the object store), creating from a snapshot
+with its files on the node (warm) and fetched from the object store (cold), next to
+creating from the template; rollback; forks of 1 and 8.
+
+Prints JSON lines. Run: `python -m benchmarks.bench_snapshots [--cycles N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.live import LiveServer
+
+from .bench_pause import fork_seconds
+from .harness import create_to_first_output, echo_ready, kill_all, live_server, wait_snapshot
+
+
+def _run(server: LiveServer, sandbox: dict[str, Any], cmd: str) -> None:
+    from tests.e2e.test_sandbox_lifecycle import run
+
+    _, _, code = run(server, sandbox, cmd)
+    assert code == 0, cmd
+
+
+def _store_bytes(server: LiveServer) -> int:
+    root = server.home / "objects"
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def _snapshot(server: LiveServer, sandbox_id: str) -> tuple[str, float]:
+    with server.client() as api:
+        start = time.perf_counter()
+        answer = api.post(f"/sandboxes/{sandbox_id}/snapshots", json={}, timeout=600)
+        elapsed = time.perf_counter() - start
+    assert answer.status_code == 201, answer.text
+    return answer.json()["snapshotID"], elapsed
+
+
+def _until_stored(server: LiveServer, snapshot_id: str) -> None:
+    deadline = time.monotonic() + 600
+    with server.client() as api:
+        while api.get("/snapshots", params={"name": snapshot_id}).json()[0]["status"] != "stored":
+            assert time.monotonic() < deadline, "upload never finished"
+            time.sleep(0.2)
+
+
+def dirty_snapshots(server: LiveServer, sandbox: dict[str, Any]) -> list[dict[str, Any]]:
+    """For each size: a base snapshot (stored), then that many MB written to tmpfs (RAM)
+    and to a disk file, then a second snapshot: its time and the bytes its upload wrote."""
+    sid = sandbox["sandboxID"]
+    rows = []
+    for mb in (0, 10, 100):
+        base, _ = _snapshot(server, sid)
+        _until_stored(server, base)
+        if mb:
+            _run(server, sandbox, f"head -c {mb}M /dev/urandom > /dev/shm/m{mb}")
+            _run(server, sandbox, f"head -c {mb}M /dev/urandom > ~/d{mb} && sync")
+        before = _store_bytes(server)
+        snapshot, seconds = _snapshot(server, sid)
+        _until_stored(server, snapshot)
+        written = _store_bytes(server) - before
+        rows.append(
+            {
+                "dirty_mb_memory_and_disk": mb,
+                "snapshot_s": round(seconds, 3),
+                "upload_written_mb": round(written / 2**20, 1),
+                "written_over_dirty": round(written / (2 * mb * 2**20), 2) if mb else None,
+            }
+        )
+    return rows
+
+
+def create_from(server: LiveServer, template: str) -> float:
+    seconds, sandbox_id = create_to_first_output(server, template)
+    kill_all(server, [sandbox_id])
+    return seconds
+
+
+def rollback_seconds(server: LiveServer, sandbox: dict[str, Any], snapshot: str) -> float:
+    with server.client() as api:
+        start = time.perf_counter()
+        answer = api.post(
+            f"/sandboxes/{sandbox['sandboxID']}/rollback", json={"snapshotID": snapshot}
+        )
+        assert answer.status_code == 200, answer.text
+    echo_ready(server, sandbox["sandboxID"], sandbox.get("envdAccessToken"))
+    return time.perf_counter() - start
+
+
+def _p50(samples: list[float]) -> float:
+    return round(statistics.median(samples), 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cycles", type=int, default=3)
+    args = parser.parse_args()
+    with live_server() as server:
+        wait_snapshot(server)
+        with server.client() as api:
+            sandbox = api.post("/v2/sandboxes", json={"templateID": "base"}).json()
+        for row in dirty_snapshots(server, sandbox):
+            print(json.dumps({"bench": "snapshot_dirty", **row}))
+
+        snapshot, _ = _snapshot(server, sandbox["sandboxID"])
+        _until_stored(server, snapshot)
+        template = [create_from(server, "base") for _ in range(args.cycles)]
+        warm = [create_from(server, snapshot) for _ in range(args.cycles)]
+        cold = []
+        name, tag = snapshot.split(":")
+        for _ in range(args.cycles):
+            shutil.rmtree(Path(server.home) / "snapshots" / name / tag)  # the node's cache
+            cold.append(create_from(server, snapshot))
+        rollbacks = [rollback_seconds(server, sandbox, snapshot) for _ in range(args.cycles)]
+        forks = {n: fork_seconds(server, sandbox["sandboxID"], n) for n in (1, 8)}
+        kill_all(server, [sandbox["sandboxID"]])
+    print(
+        json.dumps(
+            {
+                "bench": "create_from_snapshot",
+                "cycles": args.cycles,
+                "template_to_first_output_p50_s": _p50(template),
+                "snapshot_warm_p50_s": _p50(warm),
+                "snapshot_cold_p50_s": _p50(cold),
+                "cold_over_warm": round(statistics.median(cold) / statistics.median(warm), 2),
+            }
+        )
+    )
+    print(json.dumps({"bench": "rollback", "rollback_to_first_output_p50_s": _p50(rollbacks)}))
+    print(json.dumps({"bench": "fork", **{f"fork_{n}_s": round(t, 2) for n, t in forks.items()}}))
+
+
+if __name__ == "__main__":
+    main()
