@@ -71,7 +71,7 @@ async def raw_cycles(snapshot: Path, cycles: int) -> tuple[list[float], list[flo
     return pauses, resumes
 
 
-def _p50(samples: list[float]) -> float:
+def p50(samples: list[float]) -> float:
     return round(statistics.median(samples), 3)
 
 
@@ -94,10 +94,10 @@ def main() -> None:
     doc = {
         "bench": "pause_resume",
         "cycles": args.cycles,
-        "pause_p50_s": _p50(pauses),
-        "raw_pause_p50_s": _p50(raw_pauses),
-        "resume_to_first_output_p50_s": _p50(resumes),
-        "raw_resume_to_agent_health_p50_s": _p50(raw_resumes),
+        "pause_p50_s": p50(pauses),
+        "raw_pause_p50_s": p50(raw_pauses),
+        "resume_to_first_output_p50_s": p50(resumes),
+        "raw_resume_to_agent_health_p50_s": p50(raw_resumes),
         "pause_over_raw": round(statistics.median(pauses) / statistics.median(raw_pauses), 2),
         "resume_over_raw": round(statistics.median(resumes) / statistics.median(raw_resumes), 2),
         "vmm_rss_mib_running": round(rss, 1),

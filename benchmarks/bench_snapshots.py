@@ -18,7 +18,7 @@ from typing import Any
 
 from tests.live import LiveServer
 
-from .bench_pause import fork_seconds
+from .bench_pause import fork_seconds, p50
 from .harness import create_to_first_output, echo_ready, kill_all, live_server, wait_snapshot
 
 
@@ -94,10 +94,6 @@ def rollback_seconds(server: LiveServer, sandbox: dict[str, Any], snapshot: str)
     return time.perf_counter() - start
 
 
-def _p50(samples: list[float]) -> float:
-    return round(statistics.median(samples), 3)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cycles", type=int, default=3)
@@ -126,14 +122,14 @@ def main() -> None:
             {
                 "bench": "create_from_snapshot",
                 "cycles": args.cycles,
-                "template_to_first_output_p50_s": _p50(template),
-                "snapshot_warm_p50_s": _p50(warm),
-                "snapshot_cold_p50_s": _p50(cold),
+                "template_to_first_output_p50_s": p50(template),
+                "snapshot_warm_p50_s": p50(warm),
+                "snapshot_cold_p50_s": p50(cold),
                 "cold_over_warm": round(statistics.median(cold) / statistics.median(warm), 2),
             }
         )
     )
-    print(json.dumps({"bench": "rollback", "rollback_to_first_output_p50_s": _p50(rollbacks)}))
+    print(json.dumps({"bench": "rollback", "rollback_to_first_output_p50_s": p50(rollbacks)}))
     print(json.dumps({"bench": "fork", **{f"fork_{n}_s": round(t, 2) for n, t in forks.items()}}))
 
 

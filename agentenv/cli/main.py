@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _add(sub, "fork", commands.cmd_fork, "fork a running sandbox; print the new ids")
     p.add_argument("id", metavar="ID")
-    p.add_argument("--count", type=int, default=1, help="how many forks (default 1, at most sandbox.max_forks)")
+    p.add_argument(
+        "--count", type=int, default=1, help="how many forks (default 1, at most sandbox.max_forks)"
+    )
     p.add_argument("--timeout", type=int, metavar="SECONDS", help="the forks' lifetime")
 
     p = _add(sub, "timeout", commands.cmd_timeout, "set a sandbox to expire SECONDS from now")
@@ -123,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=("table", "json"), help="default: table on a TTY")
     p.add_argument("--sandbox", metavar="ID", help="only this sandbox's")
     p.add_argument("--name", help="only this name (name or name:tag)")
-    p = _add(snap_sub, "rm", snapshots.cmd_snapshot_rm, "delete snapshots (name or name:tag)")
+    p = _add(snap_sub, "rm", templates.cmd_template_rm, "delete snapshots (name or name:tag)")
     p.add_argument("ids", nargs="+", metavar="SNAPSHOT")
 
     tpl = sub.add_parser("template", help="templates", description="templates")

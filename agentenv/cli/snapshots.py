@@ -1,4 +1,4 @@
-"""`aenv snapshot create|ls|rm` and `aenv rollback`."""
+"""`aenv snapshot create|ls` and `aenv rollback` (`snapshot rm` is `template rm`)."""
 
 from __future__ import annotations
 
@@ -28,15 +28,6 @@ def cmd_snapshot_ls(ctx: Context, args: argparse.Namespace) -> int:
         for s in items
     ]  # fmt: skip
     ctx.stdout.write(render_table(("SNAPSHOT", "SANDBOX", "KIND", "MB", "CREATED"), rows))
-    return 0
-
-
-def cmd_snapshot_rm(ctx: Context, args: argparse.Namespace) -> int:
-    """Delete snapshots: `name` (every build) or `name:tag` (one)."""
-    with ctx.api() as api:
-        for snapshot_id in args.ids:
-            api.delete_template(snapshot_id)
-            ctx.stdout.write(snapshot_id + "\n")
     return 0
 
 

@@ -21,6 +21,7 @@ from ..errors import Conflict, InvalidInput, Unavailable
 from ..images.catalog import BASE, TemplateCatalog
 from ..images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
 from ..images.templates import validate_name
+from ..storage.objectstore import ObjectStoreError
 from ..vmm.driver import VmHandle
 from ..vmm.qemuimg import copy_sparse
 from .checkpoint import DISK, MEMORY, provision_from_checkpoint, take_checkpoint
@@ -54,6 +55,7 @@ class SandboxSnapshots:
         self.registry = registry
         self.catalog = catalog
         self.root = self.manager.cfg.home / "snapshots"
+        self._fetching: dict[str, asyncio.Lock] = {}
 
     def files(self, snapshot: SnapshotRecord) -> Path:
         return self.root / snapshot.name / snapshot.tag
@@ -118,24 +120,30 @@ class SandboxSnapshots:
     async def local_files(self, snapshot: SnapshotRecord) -> Path:
         """The snapshot's files on this node, fetched from the object store if needed."""
         files = self.files(snapshot)
-        if files.is_dir():
-            return files
-        if not snapshot.stored:
-            raise Unavailable(
-                f"snapshot {snapshot.snapshot_id}: its files are on another node and not "
-                "uploaded yet"
-            )
-        staging = self.root / _STAGING / f"{snapshot.name}-{snapshot.tag}-fetch"
-        await asyncio.to_thread(shutil.rmtree, staging, True)
-        try:
-            await asyncio.to_thread(
-                fetch_files, self.uploads.store, snapshot.stored, staging, staging
-            )
-            files.parent.mkdir(parents=True, exist_ok=True)
-            staging.rename(files)
-        except BaseException:
+        # Concurrent creates from one snapshot fetch it once.
+        async with self._fetching.setdefault(snapshot.snapshot_id, asyncio.Lock()):
+            if files.is_dir():
+                return files
+            if not snapshot.stored:
+                raise Unavailable(
+                    f"snapshot {snapshot.snapshot_id}: its files are on another node and "
+                    "not uploaded yet"
+                )
+            staging = self.root / _STAGING / f"{snapshot.name}-{snapshot.tag}-fetch"
             await asyncio.to_thread(shutil.rmtree, staging, True)
-            raise
+            try:
+                await asyncio.to_thread(
+                    fetch_files, self.uploads.store, snapshot.stored, staging, staging
+                )
+                files.parent.mkdir(parents=True, exist_ok=True)
+                staging.rename(files)
+            except BaseException as exc:
+                await asyncio.to_thread(shutil.rmtree, staging, True)
+                if isinstance(exc, (ObjectStoreError, OSError)):
+                    raise Unavailable(
+                        f"snapshot {snapshot.snapshot_id}: fetching its files failed: {exc}"
+                    ) from exc
+                raise
         return files
 
     def _publish(self, staging: Path, snapshot: SnapshotRecord) -> None:

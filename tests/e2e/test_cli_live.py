@@ -132,6 +132,28 @@ def test_fork_prints_the_new_ids(sandbox: str) -> None:
     assert bad.returncode == 2
 
 
+def test_snapshot_start_rollback_and_rm(sandbox: str) -> None:
+    aenv("exec", sandbox, "--", "echo snapped > /tmp/aenv-cli-snap")
+    snapshot = aenv("snapshot", "create", sandbox).stdout.decode().strip()
+    listed = json.loads(aenv("snapshot", "ls", "--sandbox", sandbox, "-o", "json").stdout)
+    assert [s["snapshotID"] for s in listed] == [snapshot]
+    child = aenv("start", snapshot, "--detach", "--timeout", "120").stdout.decode().strip()
+    try:
+        assert aenv("exec", child, "--", "cat /tmp/aenv-cli-snap").stdout == b"snapped\n"
+    finally:
+        aenv("rm", child, check=False)
+    aenv("exec", sandbox, "--", "echo later > /tmp/aenv-cli-snap")
+    assert aenv("rollback", sandbox, snapshot).stdout.decode().split() == [sandbox]
+    assert aenv("exec", sandbox, "--", "cat /tmp/aenv-cli-snap").stdout == b"snapped\n"
+    # A filesystem pause, resumed: a fresh guest on the same disk.
+    aenv("pause", sandbox, "--filesystem")
+    assert json.loads(aenv("info", sandbox).stdout)["pauseMode"] == "filesystem"
+    aenv("resume", sandbox, "--timeout", "600")
+    assert aenv("exec", sandbox, "--", "cat /tmp/aenv-cli-snap").stdout == b"snapped\n"
+    assert aenv("snapshot", "rm", snapshot).stdout.decode().split() == [snapshot]
+    assert json.loads(aenv("snapshot", "ls", "--sandbox", sandbox, "-o", "json").stdout) == []
+
+
 def test_rm_then_missing(tag: str) -> None:
     meta = f"clitest={tag}-rm"
     proc = aenv("start", TEMPLATE, "--detach", "--timeout", "120", "--metadata", meta)

@@ -117,10 +117,21 @@ def test_crash_during_create_leaves_nothing(fresh_server: LiveServer, point: str
     assert settled(fresh_server, {}, 0) == {}
 
 
-def paused_with_counter(server: LiveServer) -> tuple[dict[str, Any], int]:
+def counting_sandbox(server: LiveServer) -> tuple[dict[str, Any], int]:
+    """The server (re)started, and a sandbox on it whose counter runs: it, and the floor."""
     restart(server)
     sandbox = create(server)
-    floor = start_counting(server, sandbox)
+    return sandbox, start_counting(server, sandbox)
+
+
+def arm(server: LiveServer, point: str) -> None:
+    """Restart the server set to die at `point` (the VMs run on meanwhile)."""
+    server.stop()
+    restart(server, crash_at=point)
+
+
+def paused_with_counter(server: LiveServer) -> tuple[dict[str, Any], int]:
+    sandbox, floor = counting_sandbox(server)
     with server.client() as api:
         assert api.post(f"/sandboxes/{sandbox['sandboxID']}/pause", json={}).status_code == 204
     return sandbox, floor
@@ -131,12 +142,9 @@ def paused_with_counter(server: LiveServer) -> tuple[dict[str, Any], int]:
     [("pause.begun", "running"), ("pause.saved", "paused"), ("pause.stopped", "paused")],
 )
 def test_crash_during_pause(fresh_server: LiveServer, point: str, outcome: str) -> None:
-    restart(fresh_server)
-    sandbox = create(fresh_server)
-    floor = start_counting(fresh_server, sandbox)
+    sandbox, floor = counting_sandbox(fresh_server)
     sid = sandbox["sandboxID"]
-    fresh_server.stop()  # VMs outlive the server
-    restart(fresh_server, crash_at=point)
+    arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/pause", {})
     restart(fresh_server)
     assert settled(fresh_server, {sid: sandbox}, floor) == {sid: outcome}
@@ -156,8 +164,7 @@ def test_crash_during_pause(fresh_server: LiveServer, point: str, outcome: str) 
 def test_crash_during_resume(fresh_server: LiveServer, point: str, outcome: str) -> None:
     sandbox, floor = paused_with_counter(fresh_server)
     sid = sandbox["sandboxID"]
-    fresh_server.stop()
-    restart(fresh_server, crash_at=point)
+    arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/v2/sandboxes/{sid}/connect", {"timeout": 120})
     restart(fresh_server)
     assert settled(fresh_server, {sid: sandbox}, floor) == {sid: outcome}
@@ -175,12 +182,9 @@ def test_crash_during_resume(fresh_server: LiveServer, point: str, outcome: str)
     ],
 )
 def test_crash_during_fork(fresh_server: LiveServer, point: str) -> None:
-    restart(fresh_server)
-    parent = create(fresh_server)
-    floor = start_counting(fresh_server, parent)
+    parent, floor = counting_sandbox(fresh_server)
     sid = parent["sandboxID"]
-    fresh_server.stop()
-    restart(fresh_server, crash_at=point)
+    arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/fork", {"count": 2})
     restart(fresh_server)
     states = settled(fresh_server, {sid: parent}, floor)
@@ -194,9 +198,7 @@ def test_crash_during_fork(fresh_server: LiveServer, point: str) -> None:
 @pytest.mark.parametrize("operation", ["pause", "fork"])
 def test_sigkill_swept_over_an_operation(fresh_server: LiveServer, operation: str) -> None:
     """A timed SIGKILL at several delays into the operation, whatever step that is."""
-    restart(fresh_server)
-    sandbox = create(fresh_server)
-    floor = start_counting(fresh_server, sandbox)
+    sandbox, floor = counting_sandbox(fresh_server)
     sid = sandbox["sandboxID"]
     for delay in (0.0, 0.01, 0.02, 0.04, 0.08):
         path = f"/sandboxes/{sid}/pause" if operation == "pause" else f"/sandboxes/{sid}/fork"
@@ -233,12 +235,9 @@ def _no_snapshots_left(server: LiveServer) -> None:
 @pytest.mark.parametrize("point", ["checkpoint.frozen", "snapshot.copied", "snapshot.placed"])
 def test_crash_during_snapshot(fresh_server: LiveServer, point: str) -> None:
     """The source runs on; a snapshot is recorded whole or not at all, no files left."""
-    restart(fresh_server)
-    sandbox = create(fresh_server)
-    floor = start_counting(fresh_server, sandbox)
+    sandbox, floor = counting_sandbox(fresh_server)
     sid = sandbox["sandboxID"]
-    fresh_server.stop()
-    restart(fresh_server, crash_at=point)
+    arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/snapshots", {})
     restart(fresh_server)
     assert settled(fresh_server, {sid: sandbox}, floor) == {sid: "running"}
@@ -258,13 +257,10 @@ def test_crash_during_snapshot(fresh_server: LiveServer, point: str) -> None:
 )
 def test_crash_during_rollback(fresh_server: LiveServer, point: str, outcome: str) -> None:
     """Once committed, a rollback ends paused at its snapshot or running from it."""
-    restart(fresh_server)
-    sandbox = create(fresh_server)
-    floor = start_counting(fresh_server, sandbox)
+    sandbox, floor = counting_sandbox(fresh_server)
     sid = sandbox["sandboxID"]
     snapshot = _snapshot(fresh_server, sid)
-    fresh_server.stop()
-    restart(fresh_server, crash_at=point)
+    arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/rollback", {"snapshotID": snapshot})
     restart(fresh_server)
     assert settled(fresh_server, {sid: sandbox}, floor, snapshots=1) == {sid: outcome}
@@ -278,12 +274,9 @@ def test_crash_during_rollback(fresh_server: LiveServer, point: str, outcome: st
 def test_crash_during_a_filesystem_pause(
     fresh_server: LiveServer, point: str, outcome: str
 ) -> None:
-    restart(fresh_server)
-    sandbox = create(fresh_server)
-    floor = start_counting(fresh_server, sandbox)
+    sandbox, floor = counting_sandbox(fresh_server)
     sid = sandbox["sandboxID"]
-    fresh_server.stop()
-    restart(fresh_server, crash_at=point)
+    arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/pause", {"memory": False})
     restart(fresh_server)
     # A fresh guest after a filesystem pause: its counter file on disk, no counter running.
@@ -297,8 +290,7 @@ def test_crash_during_an_upload(fresh_server: LiveServer) -> None:
     sandbox stays paused and the upload is done again."""
     sandbox, floor = paused_with_counter(fresh_server)
     sid = sandbox["sandboxID"]
-    fresh_server.stop()
-    restart(fresh_server, crash_at="upload.stored")
+    arm(fresh_server, "upload.stored")
     assert fresh_server.proc is not None
     assert fresh_server.proc.wait(timeout=120) == -signal.SIGKILL, fresh_server.log_tail()
     fresh_server.proc = None

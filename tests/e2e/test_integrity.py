@@ -46,7 +46,10 @@ HEARTBEAT = (
     "sleep 0.1; done' >/dev/null 2>&1 &"
 )
 DIGESTS = "cd ~ && sha256sum contiguous scattered zeroed truncated /dev/shm/half-of-ram"
-READ_SECRET = "python3 -c \"import socket; print(socket.create_connection(('127.0.0.1', 7777)).recv(64).decode())\""
+READ_SECRET = (
+    'python3 -c "import socket; '
+    "print(socket.create_connection(('127.0.0.1', 7777)).recv(64).decode())\""
+)
 
 
 def state_of(sandbox: Sandbox) -> tuple[str, str]:
