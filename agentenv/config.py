@@ -105,6 +105,10 @@ class StorageConfig:
     s3_access_key: str = ""
     s3_secret_key: str = ""
     s3_prefix: str = ""
+    # Unreferenced layers and chunks older than this are collected (`aenv gc`, and every
+    # `gc_interval` seconds; 0 turns the periodic collection off).
+    gc_grace: float = 3600.0
+    gc_interval: float = 21600.0
 
 
 @dataclass

@@ -32,8 +32,9 @@ from .harness import (
 from .rawguest import RawGuest
 
 
-def api_cycle(server: LiveServer, sandbox_id: str) -> tuple[float, float, float]:
-    """(pause seconds, resume-to-output seconds, VMM resident MiB while paused)."""
+def api_cycle(server: LiveServer, sandbox_id: str) -> tuple[float, float, float, float]:
+    """(pause seconds, resume seconds until connect answers — the agent has answered
+    `/health` and `/init` by then —, until `echo ready` prints, VMM MiB while paused)."""
     with server.client() as api:
         start = time.perf_counter()
         response = api.post(f"/sandboxes/{sandbox_id}/pause", json={})
@@ -42,9 +43,10 @@ def api_cycle(server: LiveServer, sandbox_id: str) -> tuple[float, float, float]
         rss_paused = vmm_rss_mib(server, sandbox_id)
         start = time.perf_counter()
         response = api.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 300})
+        answered = time.perf_counter() - start
         assert response.status_code == 201, response.text
     echo_ready(server, sandbox_id, response.json()["envdAccessToken"])
-    return paused, time.perf_counter() - start, rss_paused
+    return paused, answered, time.perf_counter() - start, rss_paused
 
 
 def fork_seconds(server: LiveServer, sandbox_id: str, count: int) -> float:
@@ -75,6 +77,12 @@ def p50(samples: list[float]) -> float:
     return round(statistics.median(samples), 3)
 
 
+def p99(samples: list[float]) -> float:
+    """The 99th percentile (with a handful of samples: the slowest)."""
+    ordered = sorted(samples)
+    return round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cycles", type=int, default=5)
@@ -83,10 +91,11 @@ def main() -> None:
         snapshot = wait_snapshot(server)
         _, sandbox_id = create_to_first_output(server)
         rss = vmm_rss_mib(server, sandbox_id)
-        pauses, resumes, paused_rss = [], [], []
+        pauses, answers, resumes, paused_rss = [], [], [], []
         for _ in range(args.cycles):
-            paused, resumed, rss_paused = api_cycle(server, sandbox_id)
+            paused, answered, resumed, rss_paused = api_cycle(server, sandbox_id)
             pauses.append(paused)
+            answers.append(answered)
             resumes.append(resumed)
             paused_rss.append(rss_paused)
         forks = {n: fork_seconds(server, sandbox_id, n) for n in (1, 4)}
@@ -95,10 +104,16 @@ def main() -> None:
         "bench": "pause_resume",
         "cycles": args.cycles,
         "pause_p50_s": p50(pauses),
+        "pause_p99_s": p99(pauses),
         "raw_pause_p50_s": p50(raw_pauses),
+        "resume_to_agent_answering_p50_s": p50(answers),
         "resume_to_first_output_p50_s": p50(resumes),
+        "resume_to_first_output_p99_s": p99(resumes),
         "raw_resume_to_agent_health_p50_s": p50(raw_resumes),
         "pause_over_raw": round(statistics.median(pauses) / statistics.median(raw_pauses), 2),
+        "resume_answering_over_raw": round(
+            statistics.median(answers) / statistics.median(raw_resumes), 2
+        ),
         "resume_over_raw": round(statistics.median(resumes) / statistics.median(raw_resumes), 2),
         "vmm_rss_mib_running": round(rss, 1),
         "vmm_rss_mib_paused_max": round(max(paused_rss), 1),

@@ -13,7 +13,7 @@ from ..config import Config
 from ..proxy.router import SandboxProxy
 from ..runtime.manager import Route
 from ..runtime.node import Node
-from . import builds, sandboxes, snapshots, templates
+from . import builds, sandboxes, snapshots, storage, templates
 from .auth import ApiKeyAuth, load_or_create_api_key
 from .deps import NodeDep
 from .errors import install_error_handlers
@@ -51,6 +51,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
     protected.include_router(sandboxes.router)
     protected.include_router(snapshots.router)
+    protected.include_router(storage.router)
     protected.include_router(templates.router)
     protected.include_router(builds.router)
     app.include_router(protected)

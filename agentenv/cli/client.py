@@ -218,6 +218,12 @@ class ApiClient(_Base):
         timeout = httpx.Timeout(600.0, connect=5.0)
         return self._call("POST", path, json={"snapshotID": snapshot_id}, timeout=timeout).json()
 
+    def collect_garbage(self, grace: float | None) -> dict[str, Any]:
+        body = {} if grace is None else {"graceSeconds": grace}
+        return self._call(
+            "POST", "/gc", json=body, timeout=httpx.Timeout(900.0, connect=5.0)
+        ).json()
+
     def set_timeout(self, sandbox_id: str, seconds: int) -> None:
         self._call(
             "POST", f"/sandboxes/{quote(sandbox_id, safe='')}/timeout", json={"timeout": seconds}

@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(snap_sub, "rm", templates.cmd_template_rm, "delete snapshots (name or name:tag)")
     p.add_argument("ids", nargs="+", metavar="SNAPSHOT")
 
+    p = _add(sub, "gc", templates.cmd_gc, "delete object-store layers nothing uses any more")
+    p.add_argument("--grace", type=float, metavar="SECONDS", help="spare younger objects")
+
     tpl = sub.add_parser("template", help="templates", description="templates")
     tpl_sub = tpl.add_subparsers(dest="template_command", metavar="COMMAND", required=True)
     p = _add(tpl_sub, "ls", templates.cmd_template_ls, "list templates")

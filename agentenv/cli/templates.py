@@ -1,4 +1,4 @@
-"""`aenv pull` and `aenv template ls|rm`."""
+"""`aenv pull`, `aenv template ls|rm` and `aenv gc` (what the object store keeps)."""
 
 from __future__ import annotations
 
@@ -64,4 +64,11 @@ def cmd_template_rm(ctx: Context, args: argparse.Namespace) -> int:
         for template_id in args.ids:
             api.delete_template(template_id)
             ctx.stdout.write(template_id + "\n")
+    return 0
+
+
+def cmd_gc(ctx: Context, args: argparse.Namespace) -> int:
+    """Collect unreferenced layers and chunks; print what was deleted and kept."""
+    with ctx.api() as api:
+        print_json(api.collect_garbage(args.grace), ctx.stdout)
     return 0

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ..storage.gc import write_lease
 from ..storage.layer import LayerIndex, Stack, chain_id
 from ..storage.objectstore import ObjectStore
 from .blobs import open_layer_stream
@@ -60,7 +61,8 @@ class ImagePuller:
         resolved = self.registry.resolve(ref)
         with self._guard:
             lock = self._image_locks.setdefault(resolved.digest, threading.Lock())
-        with lock:
+        # The collector stays out until the record naming the new layers is saved.
+        with lock, write_lease(self._store):
             existing = self._templates.find(name)
             if existing is not None and existing.digest == resolved.digest:
                 progress(f"{name} is up to date ({resolved.digest})")

@@ -27,6 +27,7 @@ from ..storage.stores import open_object_store
 from ..vmm.accel import AccelChoice, choose_accel
 from ..vmm.qemu import QemuDriver, run_dir_for
 from .bootsnap import BootSnapshots, Shape
+from .collect import Collector
 from .fork import SandboxForks
 from .manager import SandboxManager, guest_kernel_args
 from .pause import SandboxPauses
@@ -47,6 +48,7 @@ class Node:
         accelerator: AccelChoice,
         manager: SandboxManager,
         snapshots: SandboxSnapshots,
+        collector: Collector,
         catalog: TemplateCatalog,
         puller: ImagePuller,
         builds: TemplateBuilds,
@@ -58,6 +60,7 @@ class Node:
         self.forks = SandboxForks(manager)
         self.pauses = snapshots.pauses
         self.snapshots = snapshots
+        self.collector = collector
         self.catalog = catalog
         self.puller = puller
         self.builds = builds
@@ -104,9 +107,9 @@ class Node:
         store = SqliteSandboxStore(cfg.state_db)
         stack.push_async_callback(store.close)
         driver = QemuDriver(cfg.vmm.qemu_binary, accel.name, run_dir_for(cfg.home))
-        snapshots = None
+        boot_snapshots = None
         if cfg.sandbox.boot_snapshots:
-            snapshots = BootSnapshots(
+            boot_snapshots = BootSnapshots(
                 cfg.kit_dir / "boot-snapshots",
                 kit,
                 driver,
@@ -114,25 +117,25 @@ class Node:
                 accel.name,
                 cfg.sandbox.boot_timeout,
             )
-            stack.push_async_callback(snapshots.close)
-            snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
-        manager = SandboxManager(cfg, store, driver, kit, catalog, snapshots)
+            stack.push_async_callback(boot_snapshots.close)
+            boot_snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
+        manager = SandboxManager(cfg, store, driver, kit, catalog, boot_snapshots)
         await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix)
         await recover(manager)
         uploads = Uploads(manager, objects)
         stack.push_async_callback(uploads.close)
-        snapshots = SandboxSnapshots(
-            SandboxPauses(manager, objects), SnapshotRegistry(objects), catalog, uploads
-        )
+        registry = SnapshotRegistry(objects)
+        snapshots = SandboxSnapshots(SandboxPauses(manager, objects), registry, catalog, uploads)
         await snapshots.reclaim()
         await snapshots.resume_uploads()
         scanner = asyncio.create_task(uploads.run())
         stack.push_async_callback(_cancelled, scanner)
         builds = TemplateBuilds(cfg, catalog, puller, manager.capacity.max_vcpus)
         stack.push_async_callback(builds.close)
-        node = cls(cfg, accel, manager, snapshots, catalog, puller, builds, stack)
-        sweeper = asyncio.create_task(run_sweeper(node.pauses))
-        stack.push_async_callback(_cancelled, sweeper)
+        collector = Collector(objects, templates, registry, store, blockd)
+        node = cls(cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack)
+        for task in (run_sweeper(node.pauses), collector.run_every(cfg.storage)):
+            stack.push_async_callback(_cancelled, asyncio.create_task(task))
         return node
 
     async def close(self) -> None:

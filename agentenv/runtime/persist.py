@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
 from ..images.snapshots import SnapshotRecord
 from ..storage.filelayer import load_chain, materialize, store_file
+from ..storage.gc import WriteLease
 from ..storage.objectstore import ObjectStore
 from .checkpoint import DISK, MEMORY
 from .lifecycle import State
@@ -135,9 +136,12 @@ class Uploads:
             manager.snapshot_dir(record.sandbox_id),
             memory=record.pause_mode != FILESYSTEM,
         )
-        layers, written = await asyncio.to_thread(upload_files, self.store, files, record.layers)
-        crash_point("upload.stored")
-        await manager.store.update(record.sandbox_id, layers=layers, stored=True)
+        async with self.lease():
+            layers, written = await asyncio.to_thread(
+                upload_files, self.store, files, record.layers
+            )
+            crash_point("upload.stored")
+            await manager.store.update(record.sandbox_id, layers=layers, stored=True)
         log.info("sandbox %s stored (%d bytes written)", record.sandbox_id, written)
 
     def _finished(self, key: str, task: asyncio.Task[None]) -> None:
@@ -160,10 +164,11 @@ class Uploads:
         while True:
             try:
                 files = saved_files(files_dir, files_dir, snapshot.memory)
-                snapshot.stored, written = await asyncio.to_thread(
-                    upload_files, self.store, files, snapshot.base
-                )
-                await save(snapshot)
+                async with self.lease():
+                    snapshot.stored, written = await asyncio.to_thread(
+                        upload_files, self.store, files, snapshot.base
+                    )
+                    await save(snapshot)
                 log.info("snapshot %s stored (%d bytes written)", key, written)
                 self._succeeded(key)
                 return
@@ -174,6 +179,15 @@ class Uploads:
                 await asyncio.sleep(self._retry_at[key] - time.monotonic())
 
     # -- bookkeeping -----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[None]:
+        """A writer's lease on the object store, held until the new layers are recorded."""
+        lease = await asyncio.to_thread(WriteLease(self.store).acquire)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(lease.release)
 
     def _succeeded(self, key: str) -> None:
         self.errors.pop(key, None)

@@ -48,3 +48,7 @@ class ObjectStore(Protocol):
     def list(self, prefix: str) -> list[str]:
         """All keys starting with `prefix`, sorted."""
         ...
+
+    def ages(self, prefix: str) -> dict[str, float]:
+        """Seconds since each key starting with `prefix` was last written."""
+        ...

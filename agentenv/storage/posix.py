@@ -10,6 +10,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -181,3 +182,13 @@ class PosixObjectStore:
                     keys.append(key)
         keys.sort()
         return keys
+
+    def ages(self, prefix: str) -> dict[str, float]:
+        now = time.time()
+        ages: dict[str, float] = {}
+        for key in self.list(prefix):
+            try:
+                ages[key] = now - self._path(key).stat().st_mtime
+            except FileNotFoundError:
+                continue  # deleted while listing
+        return ages

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -147,16 +148,24 @@ class S3ObjectStore:
         self._call("delete", key, "delete_object", Key=self._key(key))
 
     def list(self, prefix: str) -> list[str]:
+        return sorted(self._objects(prefix))
+
+    def ages(self, prefix: str) -> dict[str, float]:
+        now = datetime.now(UTC)
+        return {k: (now - when).total_seconds() for k, when in self._objects(prefix).items()}
+
+    def _objects(self, prefix: str) -> dict[str, datetime]:
+        """Keys under `prefix` and when each was last written."""
         if prefix.startswith("/"):
             raise ValueError(f"bad key prefix {prefix!r}")
-        keys: list[str] = []
+        objects: dict[str, datetime] = {}
         try:
             pages = self._client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix
             )
             for page in pages:
-                keys.extend(obj["Key"][len(self.prefix) :] for obj in page.get("Contents", []))
+                for obj in page.get("Contents", []):
+                    objects[obj["Key"][len(self.prefix) :]] = obj["LastModified"]
         except (ClientError, BotoCoreError) as exc:
             self._fail("list", prefix, exc)
-        keys.sort()
-        return keys
+        return objects

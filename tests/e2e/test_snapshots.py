@@ -214,3 +214,35 @@ def test_a_new_node_resumes_what_a_lost_node_left(
     finally:
         new.close()
         lost.close()
+
+
+def test_the_collector_keeps_what_is_used_and_deletes_the_rest(
+    fresh_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fresh_server.start()
+    _point_sdk(monkeypatch, fresh_server)
+    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+    objects = fresh_server.home / "objects"
+
+    def layers() -> set[str]:
+        return {p.name for p in (objects / "layers").glob("*.json")}
+
+    sandbox = Sandbox.create()
+    sandbox.commands.run("head -c 5M /dev/urandom > ~/data && " + TICKER)
+    snapshot = sandbox.create_snapshot()
+    sandbox.pause()
+    _until_stored(fresh_server, sandbox.sandbox_id, snapshot.snapshot_id)
+    with fresh_server.client() as api:
+        assert api.post("/gc", json={"graceSeconds": 0}).json()["layers"] == 0
+        used = layers()
+        Sandbox.delete_snapshot(snapshot.snapshot_id)
+        report = api.post("/gc", json={"graceSeconds": 0}).json()
+        # The snapshot's own layers went; the paused sandbox's stayed, and it resumes.
+        assert report["layers"] > 0 and layers() < used
+        resumed = Sandbox.connect(sandbox.sandbox_id)
+        assert ticks(resumed) is not None
+        resumed.kill()
+        api.post("/gc", json={"graceSeconds": 0})
+        assert layers() == set()
+        assert list((objects / "chunks").glob("*")) == []
+        assert api.post("/gc", json={"graceSeconds": -1}).status_code == 400

@@ -85,6 +85,16 @@ def test_list_by_prefix_sorted(store: ObjectStore) -> None:
     assert store.list("nothing/") == []
 
 
+def test_ages_of_keys_by_prefix(store: ObjectStore) -> None:
+    store.put("age/a", b"1")
+    store.put("age/b", b"2")
+    store.put("other", b"3")
+    ages = store.ages("age/")
+    assert sorted(ages) == ["age/a", "age/b"]
+    # Just written, by this machine's clock and the store's (S3 stamps whole seconds).
+    assert all(-5 < age < 60 for age in ages.values())
+
+
 @pytest.mark.parametrize("key", ["", "/abs", "../up", "a/../b", "a//b", "a/./b", "a/"])
 def test_bad_keys_are_refused(store: ObjectStore, key: str) -> None:
     with pytest.raises(ValueError):

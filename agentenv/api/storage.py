@@ -1,0 +1,31 @@
+"""Object store maintenance (native): collect layers and chunks nothing uses any more."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from .deps import ConfigDep, NodeDep
+from .errors import ERROR_RESPONSES
+
+router = APIRouter(responses=ERROR_RESPONSES)
+
+
+class CollectBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Default: `storage.gc_grace`. Objects younger than this are kept.
+    graceSeconds: float | None = Field(default=None, ge=0, le=10_000_000)
+
+
+@router.post("/gc")
+async def collect_garbage(
+    node: NodeDep, cfg: ConfigDep, body: CollectBody | None = None
+) -> dict[str, Any]:
+    """Delete unreferenced layers and chunks older than the grace period; what it did."""
+    grace = cfg.storage.gc_grace if body is None or body.graceSeconds is None else body.graceSeconds
+    report = await node.collector.run(grace)
+    return dataclasses.asdict(report)
