@@ -57,6 +57,7 @@ def dirty_snapshots(server: LiveServer, sandbox: dict[str, Any]) -> list[dict[st
     sid = sandbox["sandboxID"]
     rows = []
     for mb in (0, 10, 100):
+        _run(server, sandbox, "rm -f /dev/shm/m* ~/d*")
         base, _ = _snapshot(server, sid)
         _until_stored(server, base)
         if mb:

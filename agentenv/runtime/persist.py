@@ -21,6 +21,7 @@ from ..crashpoints import crash_point
 from ..images.snapshots import SnapshotRecord
 from ..storage.filelayer import load_chain, materialize, store_file
 from ..storage.gc import WriteLease
+from ..storage.layer import BLOCK_SIZE
 from ..storage.objectstore import ObjectStore
 from .checkpoint import DISK, MEMORY
 from .lifecycle import State
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 SnapshotSaver = Callable[[SnapshotRecord], Awaitable[None]]
 
+# Guest RAM is diffed page by page: guests write pages here and there.
+PAGE_SIZE = 4096
 # Stored names of device-state files, which live apart from the disk and RAM.
 _STATE_PREFIX = "state/"
 # Seconds between scans for paused sandboxes to upload; failures back off to a minute.
@@ -56,7 +59,8 @@ def upload_files(
     layers: dict[str, str] = {}
     written = 0
     for name, path in files.items():
-        layers[name], size = store_file(store, path, parents.get(name))
+        block_size = PAGE_SIZE if name == MEMORY else BLOCK_SIZE
+        layers[name], size = store_file(store, path, parents.get(name), block_size)
         written += size
     return layers, written
 

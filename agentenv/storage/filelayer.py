@@ -18,7 +18,8 @@ from .objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
 
 _DIGEST = 16
 _HOLE = bytes(_DIGEST)
-_ZERO_BLOCK = bytes(BLOCK_SIZE)
+# Data is read in windows of this many bytes, then cut into blocks.
+_WINDOW = 4 * 1024 * 1024
 
 
 class LayerMissing(ObjectStoreError):
@@ -29,13 +30,7 @@ def digests_key(layer_id: str) -> str:
     return f"digests/{layer_id}"
 
 
-def _block_digest(data: bytes) -> bytes:
-    if data == _ZERO_BLOCK:
-        return _HOLE
-    return hashlib.blake2b(data, digest_size=_DIGEST).digest()
-
-
-def _read_blocks(path: Path) -> tuple[int, dict[int, bytes]]:
+def _read_blocks(path: Path, block_size: int) -> tuple[int, dict[int, bytes]]:
     """The file's size and the data of each block not wholly inside a hole."""
     blocks: dict[int, bytes] = {}
     with open(path, "rb") as f:
@@ -48,46 +43,62 @@ def _read_blocks(path: Path) -> tuple[int, dict[int, bytes]]:
             except OSError:  # ENXIO: only a hole is left
                 break
             end = os.lseek(fd, start, os.SEEK_HOLE)
-            for block in range(start // BLOCK_SIZE, -(-end // BLOCK_SIZE)):
-                if block not in blocks:
-                    data = os.pread(fd, BLOCK_SIZE, block * BLOCK_SIZE)
-                    blocks[block] = data.ljust(BLOCK_SIZE, b"\0")
+            first, last = start // block_size, -(-end // block_size)
+            for window in range(first, last, _WINDOW // block_size):
+                count = min(_WINDOW // block_size, last - window)
+                data = os.pread(fd, count * block_size, window * block_size)
+                for i in range(count):
+                    piece = data[i * block_size : (i + 1) * block_size]
+                    blocks.setdefault(window + i, piece.ljust(block_size, b"\0"))
             pos = end
     return size, blocks
 
 
-def store_file(store: ObjectStore, path: Path, parent: str | None) -> tuple[str, int]:
-    """Store `path` as a layer over `parent` (a layer of an earlier version, or None);
-    returns the layer's id and the bytes of blocks it wrote. A layer already stored
-    for the same content over the same parent is reused."""
-    size, blocks = _read_blocks(path)
-    count = -(-size // BLOCK_SIZE)
-    old = _digests(store, parent) if parent else b""
+def store_file(
+    store: ObjectStore, path: Path, parent: str | None, block_size: int = BLOCK_SIZE
+) -> tuple[str, int]:
+    """Store `path` as a layer of `block_size` blocks over `parent` (a layer of an earlier
+    version, or None); returns the layer's id and the bytes of blocks it wrote. A layer
+    already stored for the same content over the same parent is reused."""
+    size, blocks = _read_blocks(path, block_size)
+    count = -(-size // block_size)
+    old = _digests(store, parent, block_size) if parent else b""
+    if parent and not old:
+        parent = None  # the parent has other blocks: store the whole file instead
+    zero = bytes(block_size)
     digests = bytearray(count * _DIGEST)
     changed: list[int] = []
     for block in range(count):
         data = blocks.get(block)
-        digest = _HOLE if data is None else _block_digest(data)
+        if data is None or data == zero:
+            digest = _HOLE
+        else:
+            digest = hashlib.blake2b(data, digest_size=_DIGEST).digest()
         digests[block * _DIGEST : (block + 1) * _DIGEST] = digest
         if digest != old[block * _DIGEST : (block + 1) * _DIGEST].ljust(_DIGEST, b"\0"):
             changed.append(block)
-    layer_id = chain_id(parent, f"{size}:{hashlib.sha256(digests).hexdigest()}")
+    content = f"{size}:{block_size}:{hashlib.sha256(digests).hexdigest()}"
+    layer_id = chain_id(parent, content)
     if store.exists(layer_key(layer_id)):
         return layer_id, 0
-    writer = LayerWriter(store, layer_id, parent, size)
+    writer = LayerWriter(store, layer_id, parent, size, block_size)
     for block in changed:
-        writer.add_block(block, blocks.get(block, _ZERO_BLOCK))
+        writer.add_block(block, blocks.get(block, zero))
     # The digests first: a visible index (written by `finish`) always has them.
-    store.put(digests_key(layer_id), bytes(digests))
+    store.put(digests_key(layer_id), block_size.to_bytes(4, "big") + bytes(digests))
     writer.finish()
-    return layer_id, len(changed) * BLOCK_SIZE
+    return layer_id, len(changed) * block_size
 
 
-def _digests(store: ObjectStore, layer_id: str) -> bytes:
+def _digests(store: ObjectStore, layer_id: str, block_size: int) -> bytes:
+    """The block digests of a layer's whole file; empty if its blocks have another size."""
     try:
-        return store.get(digests_key(layer_id))
+        data = store.get(digests_key(layer_id))
     except ObjectNotFound:
         raise LayerMissing(f"layer {layer_id} has no block digests in the store") from None
+    if int.from_bytes(data[:4], "big") != block_size:
+        return b""
+    return data[4:]
 
 
 def load_chain(store: ObjectStore, top: str) -> Stack:
@@ -104,10 +115,25 @@ def load_chain(store: ObjectStore, top: str) -> Stack:
     return Stack(layers[::-1])
 
 
+def _runs(blocks: list[tuple[int, int]], block_size: int) -> list[tuple[int, int, int]]:
+    """(first block, offset in the chunk, count) for each run of blocks that follow each
+    other both in the file and in the chunk, so each run is one write."""
+    runs: list[tuple[int, int, int]] = []
+    for block, offset in blocks:
+        if runs:
+            first, start, count = runs[-1]
+            if block == first + count and offset == start + count * block_size:
+                runs[-1] = (first, start, count + 1)
+                continue
+        runs.append((block, offset, 1))
+    return runs
+
+
 def materialize(stack: Stack, store: ObjectStore, dest: Path) -> None:
     """Write the stack's whole content to `dest` as a sparse file (absent blocks: holes)."""
+    block_size = stack.block_size
     by_chunk: dict[str, list[tuple[int, int]]] = {}
-    for block in range(-(-stack.size // BLOCK_SIZE)):
+    for block in range(-(-stack.size // block_size)):
         ref = stack.lookup(block)
         if ref is not None:
             by_chunk.setdefault(ref.chunk, []).append((block, ref.offset))
@@ -119,12 +145,13 @@ def materialize(stack: Stack, store: ObjectStore, dest: Path) -> None:
             if hashlib.sha256(data).hexdigest() != digest:
                 raise ObjectStoreError(f"materialize {stack.top}: chunk {digest} is corrupt")
             view = memoryview(data)
-            for block, offset in blocks:
-                piece = view[offset : offset + BLOCK_SIZE]
-                if piece != _ZERO_BLOCK:
-                    # The last block may run past the file's end: keep the size exact.
-                    length = min(BLOCK_SIZE, stack.size - block * BLOCK_SIZE)
-                    os.pwrite(fd, piece[:length], block * BLOCK_SIZE)
+            for block, offset, count in _runs(blocks, block_size):
+                piece = view[offset : offset + count * block_size]
+                if piece == bytes(len(piece)):
+                    continue  # zeros stay a hole
+                # The last block may run past the file's end: keep the size exact.
+                length = min(len(piece), stack.size - block * block_size)
+                os.pwrite(fd, piece[:length], block * block_size)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from .objectstore import ObjectStore
 
 BLOCK_SIZE = 64 * 1024
+# Layers of guest RAM use the guest's page size: a page written here and there would
+# otherwise store a whole 64 KiB block each.
+BLOCK_SIZES = frozenset({4096, BLOCK_SIZE})
 CHUNK_TARGET = 4 * 1024 * 1024
 
 
@@ -53,6 +56,7 @@ class LayerIndex:
     parent: str | None
     size: int
     blocks: dict[int, BlockRef] = field(default_factory=dict)
+    block_size: int = BLOCK_SIZE
 
     def to_json(self) -> bytes:
         chunks = sorted({ref.chunk for ref in self.blocks.values()})
@@ -64,7 +68,7 @@ class LayerIndex:
                 "layer_id": self.layer_id,
                 "parent": self.parent,
                 "size": self.size,
-                "block_size": BLOCK_SIZE,
+                "block_size": self.block_size,
                 "chunks": chunks,
                 "blocks": rows,
             },
@@ -74,11 +78,11 @@ class LayerIndex:
     @classmethod
     def from_json(cls, data: bytes) -> LayerIndex:
         doc = json.loads(data)
-        if doc.get("format") != _FORMAT or doc.get("block_size") != BLOCK_SIZE:
+        if doc.get("format") != _FORMAT or doc.get("block_size") not in BLOCK_SIZES:
             raise ValueError(f"unsupported layer index format in {doc.get('layer_id')}")
         chunks = doc["chunks"]
         blocks = {b: BlockRef(chunks[c], off) for b, c, off in doc["blocks"]}
-        return cls(doc["layer_id"], doc["parent"], doc["size"], blocks)
+        return cls(doc["layer_id"], doc["parent"], doc["size"], blocks, doc["block_size"])
 
 
 class Stack:
@@ -90,7 +94,10 @@ class Stack:
         for lower, upper in itertools.pairwise(layers):
             if upper.parent != lower.layer_id:
                 raise ValueError(f"layer {upper.layer_id} does not sit on {lower.layer_id}")
+            if upper.block_size != lower.block_size:
+                raise ValueError(f"layer {upper.layer_id} has another block size than its parent")
         self.size = layers[-1].size
+        self.block_size = layers[-1].block_size
         self.top = layers[-1].layer_id
         merged: dict[int, BlockRef] = {}
         for layer in layers:
@@ -108,15 +115,22 @@ class Stack:
 class LayerWriter:
     """Packs blocks into chunks, uploads each chunk once, and finally the layer's index."""
 
-    def __init__(self, store: ObjectStore, layer_id: str, parent: str | None, size: int) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        layer_id: str,
+        parent: str | None,
+        size: int,
+        block_size: int = BLOCK_SIZE,
+    ) -> None:
         self._store = store
-        self._index = LayerIndex(layer_id, parent, size)
+        self._index = LayerIndex(layer_id, parent, size, block_size=block_size)
         self._pending: list[tuple[int, bytes]] = []
         self._pending_bytes = 0
 
     def add_block(self, block: int, data: bytes) -> None:
-        if len(data) != BLOCK_SIZE:
-            raise ValueError(f"block {block} has {len(data)} bytes, not {BLOCK_SIZE}")
+        if len(data) != self._index.block_size:
+            raise ValueError(f"block {block} has {len(data)} bytes, not {self._index.block_size}")
         self._pending.append((block, data))
         self._pending_bytes += len(data)
         if self._pending_bytes >= CHUNK_TARGET:
@@ -130,7 +144,7 @@ class LayerWriter:
         if not self._store.exists(chunk_key(digest)):
             self._store.put(chunk_key(digest), payload)
         for i, (block, _) in enumerate(self._pending):
-            self._index.blocks[block] = BlockRef(digest, i * BLOCK_SIZE)
+            self._index.blocks[block] = BlockRef(digest, i * self._index.block_size)
         self._pending, self._pending_bytes = [], 0
 
     def finish(self) -> LayerIndex:

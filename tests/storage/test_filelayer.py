@@ -71,3 +71,20 @@ def test_a_missing_layer_is_named(tmp_path: Path) -> None:
         store_file(store, tmp_path / "f", "0" * 64)
     with pytest.raises(LayerMissing):
         load_chain(store, "0" * 64)
+
+
+def test_page_sized_blocks_for_guest_ram(tmp_path: Path) -> None:
+    store = PosixObjectStore(tmp_path / "objects")
+    ram = tmp_path / "memory"
+    _sparse(ram, 1 << 20, {0: os.urandom(1 << 20)})
+    first, _ = store_file(store, ram, None, block_size=4096)
+    with open(ram, "r+b") as f:
+        for page in (3, 100, 200):
+            f.seek(page * 4096 + 5)
+            f.write(b"dirty")
+    second, written = store_file(store, ram, first, block_size=4096)
+    assert written == 3 * 4096
+    assert _restored(store, second, tmp_path / "back") == ram.read_bytes()
+    # A parent of another block size is not diffed against: the file is stored whole.
+    third, written = store_file(store, ram, second)
+    assert written == 1 << 20 and load_chain(store, third).block_size == BLOCK_SIZE

@@ -89,9 +89,12 @@ def load_stack(store: ObjectStore, local: Path, layers: list[str]) -> Stack:
             "bad_chain", f"bottom layer {layers[0]} sits on {indexes[0].parent}, not on nothing"
         )
     try:
-        return Stack(indexes)
+        stack = Stack(indexes)
     except ValueError as exc:
         raise RequestError("bad_chain", str(exc)) from None
+    if stack.block_size != BLOCK_SIZE:  # the file system serves disk-image blocks only
+        raise RequestError("bad_chain", f"layers of {stack.block_size}-byte blocks are not disks")
+    return stack
 
 
 def chunks_in_order(stack: Stack) -> list[str]:
