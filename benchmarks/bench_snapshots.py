@@ -1,7 +1,8 @@
 """Snapshots through the API: taking one after 0 / 10 / 100 MB of fresh writes to memory
 and disk (time, and bytes its upload wrote to the object store), creating from a snapshot
 with its files on the node (warm) and fetched from the object store (cold), next to
-creating from the template; rollback; forks of 1 and 8.
+creating from the template; rollback; forks of 1 and 8; host memory of 8 sandboxes made
+from one snapshot against 8 times one.
 
 Prints JSON lines. Run: `python -m benchmarks.bench_snapshots [--cycles N]`.
 """
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.live import LiveServer
+from tests.live import LiveServer, vmm_pid
 
 from .bench_pause import fork_seconds, p50
 from .harness import create_to_first_output, echo_ready, kill_all, live_server, wait_snapshot
@@ -84,6 +85,31 @@ def create_from(server: LiveServer, template: str) -> float:
     return seconds
 
 
+def vmm_pss_mib(server: LiveServer, sandbox_id: str) -> float:
+    """Proportional set size of the sandbox's VMM: shared pages count once in a sum."""
+    pid = vmm_pid(server, sandbox_id)
+    assert pid is not None
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    return int(rollup.split("Pss:")[1].split()[0]) / 1024
+
+
+def clones_memory(server: LiveServer, snapshot: str, count: int) -> dict[str, float]:
+    """Host memory (VMMs' PSS summed) of 1 and of `count` sandboxes from one snapshot,
+    each after running a command, and what `count` would be at `count` x one."""
+    one = create_to_first_output(server, snapshot)[1]
+    time.sleep(2)
+    single = vmm_pss_mib(server, one)
+    clones = [create_to_first_output(server, snapshot)[1] for _ in range(count - 1)]
+    time.sleep(2)
+    total = sum(vmm_pss_mib(server, sid) for sid in [one, *clones])
+    kill_all(server, [one, *clones])
+    return {
+        "one_clone_pss_mib": round(single, 1),
+        f"clones_{count}_pss_mib": round(total, 1),
+        f"clones_{count}_over_{count}x_one": round(total / (count * single), 2),
+    }
+
+
 def rollback_seconds(server: LiveServer, sandbox: dict[str, Any], snapshot: str) -> float:
     with server.client() as api:
         start = time.perf_counter()
@@ -117,6 +143,7 @@ def main() -> None:
             cold.append(create_from(server, snapshot))
         rollbacks = [rollback_seconds(server, sandbox, snapshot) for _ in range(args.cycles)]
         forks = {n: fork_seconds(server, sandbox["sandboxID"], n) for n in (1, 8)}
+        memory = clones_memory(server, snapshot, 8)
         kill_all(server, [sandbox["sandboxID"]])
     print(
         json.dumps(
@@ -132,6 +159,7 @@ def main() -> None:
     )
     print(json.dumps({"bench": "rollback", "rollback_to_first_output_p50_s": p50(rollbacks)}))
     print(json.dumps({"bench": "fork", **{f"fork_{n}_s": round(t, 2) for n, t in forks.items()}}))
+    print(json.dumps({"bench": "clones_memory", **memory}))
 
 
 if __name__ == "__main__":
