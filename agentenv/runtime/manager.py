@@ -227,6 +227,18 @@ class SandboxManager:
         task.add_done_callback(lambda _: self._readers.pop(sandbox_id, None))
         return task
 
+    async def set_lineage(
+        self, sandbox_id: str, layers: dict[str, str], stored: bool = False
+    ) -> None:
+        """Record stored layers of a sandbox's files: `stored`, they are its paused files
+        now; else only an ancestor of them, what its next upload is diffed against (kept
+        off a sandbox whose paused files are stored, whose layers must stay theirs)."""
+        async with self.lock(sandbox_id):
+            record = await self.store.get(sandbox_id)
+            if record is None or (record.stored and not stored):
+                return
+            await self.store.update(sandbox_id, layers=layers, stored=stored)
+
     async def _stop_reader(self, sandbox_id: str) -> None:
         reader = self._readers.get(sandbox_id)
         if reader is not None:

@@ -145,7 +145,7 @@ class Uploads:
                 upload_files, self.store, files, record.layers
             )
             crash_point("upload.stored")
-            await manager.store.update(record.sandbox_id, layers=layers, stored=True)
+            await manager.set_lineage(record.sandbox_id, layers, stored=True)
         log.info("sandbox %s stored (%d bytes written)", record.sandbox_id, written)
 
     def _finished(self, key: str, task: asyncio.Task[None]) -> None:

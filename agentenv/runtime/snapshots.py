@@ -111,8 +111,7 @@ class SandboxSnapshots:
         source's next upload or snapshot is diffed against them."""
         if await asyncio.to_thread(self.registry.find, snapshot.snapshot_id) is not None:
             await asyncio.to_thread(self.registry.save, snapshot)
-        if await self.manager.store.get(snapshot.source_sandbox) is not None:
-            await self.manager.store.update(snapshot.source_sandbox, layers=snapshot.stored)
+        await self.manager.set_lineage(snapshot.source_sandbox, snapshot.stored)
 
     async def resume_uploads(self) -> None:
         """At start: upload the snapshots taken here that are not stored yet."""

@@ -227,19 +227,27 @@ def test_the_collector_keeps_what_is_used_and_deletes_the_rest(
     def layers() -> set[str]:
         return {p.name for p in (objects / "layers").glob("*.json")}
 
-    sandbox = Sandbox.create()
-    sandbox.commands.run("head -c 5M /dev/urandom > ~/data && " + TICKER)
-    snapshot = sandbox.create_snapshot()
-    sandbox.pause()
-    _until_stored(fresh_server, sandbox.sandbox_id, snapshot.snapshot_id)
+    kept, dropped = Sandbox.create(), Sandbox.create()
+    for sandbox in (kept, dropped):
+        sandbox.commands.run("head -c 5M /dev/urandom > ~/data && " + TICKER)
+    snapshot = kept.create_snapshot()
+    for sandbox in (kept, dropped):
+        sandbox.pause()
+        _until_stored(fresh_server, sandbox.sandbox_id, snapshot.snapshot_id)
     with fresh_server.client() as api:
         assert api.post("/gc", json={"graceSeconds": 0}).json()["layers"] == 0
         used = layers()
+        # What only the snapshot used may go with it (layers the kept sandbox's uploads
+        # share with it or sit on stay: it resumes from them below).
         Sandbox.delete_snapshot(snapshot.snapshot_id)
+        api.post("/gc", json={"graceSeconds": 0})
+        used = layers()
+        dropped.kill()
         report = api.post("/gc", json={"graceSeconds": 0}).json()
-        # The snapshot's own layers went; the paused sandbox's stayed, and it resumes.
         assert report["layers"] > 0 and layers() < used
-        resumed = Sandbox.connect(sandbox.sandbox_id)
+        # What the kept one needs is all there: it resumes from the store's copy.
+        shutil.rmtree(fresh_server.home / "sandboxes" / kept.sandbox_id)
+        resumed = Sandbox.connect(kept.sandbox_id)
         assert ticks(resumed) is not None
         resumed.kill()
         api.post("/gc", json={"graceSeconds": 0})

@@ -304,3 +304,22 @@ async def test_resume_cancels_an_upload_under_way(h: Harness) -> None:
     await asyncio.sleep(0.05)
     record = await h.manager.store.get(sid)
     assert record is not None and record.state == "running" and not record.stored
+
+
+async def test_a_snapshots_lineage_never_replaces_stored_paused_layers(h: Harness) -> None:
+    """A snapshot's upload finishing after its source's pause was stored must not make the
+    record name the snapshot's layers as its paused files."""
+    sid = await h.create()
+    await h.manager.set_lineage(sid, {"memory": "snapshot-layer"})
+    record = await h.manager.store.get(sid)
+    assert record is not None and (record.layers, record.stored) == (
+        {"memory": "snapshot-layer"},
+        False,
+    )
+    await h.manager.set_lineage(sid, {"memory": "paused-layer"}, stored=True)
+    await h.manager.set_lineage(sid, {"memory": "late-snapshot-layer"})
+    record = await h.manager.store.get(sid)
+    assert record is not None and (record.layers, record.stored) == (
+        {"memory": "paused-layer"},
+        True,
+    )
