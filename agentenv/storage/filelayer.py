@@ -17,6 +17,8 @@ from .layer import BLOCK_SIZE, LayerIndex, LayerWriter, Stack, chain_id, chunk_k
 from .objectstore import ObjectNotFound, ObjectStore, ObjectStoreError
 
 _DIGEST = 16
+# Most layers one file's chain holds before an upload stores the whole file again.
+MAX_CHAIN = 16
 _HOLE = bytes(_DIGEST)
 # Data is read in windows of this many bytes, then cut into blocks.
 _WINDOW = 4 * 1024 * 1024
@@ -59,12 +61,18 @@ def store_file(
 ) -> tuple[str, int]:
     """Store `path` as a layer of `block_size` blocks over `parent` (a layer of an earlier
     version, or None); returns the layer's id and the bytes of blocks it wrote. A layer
-    already stored for the same content over the same parent is reused."""
+    already stored for the same content over the same parent is reused. A chain that
+    reached MAX_CHAIN layers starts again with the whole file, so reading one back never
+    walks more layers than that."""
     size, blocks = _read_blocks(path, block_size)
     count = -(-size // block_size)
-    old = _digests(store, parent, block_size) if parent else b""
-    if parent and not old:
-        parent = None  # the parent has other blocks: store the whole file instead
+    depth, old = _digests(store, parent, block_size) if parent else (0, b"")
+    if parent and (not old or depth + 1 >= MAX_CHAIN):
+        # Other blocks, or a chain long enough: the whole file (unchanged runs of it
+        # pack into chunks that are stored already).
+        parent, depth, old = None, 0, b""
+    elif parent:
+        depth += 1
     zero = bytes(block_size)
     digests = bytearray(count * _DIGEST)
     changed: list[int] = []
@@ -85,20 +93,23 @@ def store_file(
     for block in changed:
         writer.add_block(block, blocks.get(block, zero))
     # The digests first: a visible index (written by `finish`) always has them.
-    store.put(digests_key(layer_id), block_size.to_bytes(4, "big") + bytes(digests))
+    header = block_size.to_bytes(4, "big") + depth.to_bytes(4, "big")
+    store.put(digests_key(layer_id), header + bytes(digests))
     writer.finish()
     return layer_id, len(changed) * block_size
 
 
-def _digests(store: ObjectStore, layer_id: str, block_size: int) -> bytes:
-    """The block digests of a layer's whole file; empty if its blocks have another size."""
+def _digests(store: ObjectStore, layer_id: str, block_size: int) -> tuple[int, bytes]:
+    """A layer's depth in its chain and the block digests of its whole file (none if its
+    blocks have another size)."""
     try:
         data = store.get(digests_key(layer_id))
     except ObjectNotFound:
         raise LayerMissing(f"layer {layer_id} has no block digests in the store") from None
+    depth = int.from_bytes(data[4:8], "big")
     if int.from_bytes(data[:4], "big") != block_size:
-        return b""
-    return data[4:]
+        return depth, b""
+    return depth, data[8:]
 
 
 def load_chain(store: ObjectStore, top: str) -> Stack:

@@ -98,6 +98,7 @@ class Stack:
                 raise ValueError(f"layer {upper.layer_id} has another block size than its parent")
         self.size = layers[-1].size
         self.block_size = layers[-1].block_size
+        self.depth = len(layers)
         self.top = layers[-1].layer_id
         merged: dict[int, BlockRef] = {}
         for layer in layers:

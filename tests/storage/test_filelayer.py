@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.storage.filelayer import LayerMissing, load_chain, materialize, store_file
+from agentenv.storage.filelayer import (
+    MAX_CHAIN,
+    LayerMissing,
+    load_chain,
+    materialize,
+    store_file,
+)
 from agentenv.storage.layer import BLOCK_SIZE
 from agentenv.storage.posix import PosixObjectStore
 
@@ -88,3 +94,19 @@ def test_page_sized_blocks_for_guest_ram(tmp_path: Path) -> None:
     # A parent of another block size is not diffed against: the file is stored whole.
     third, written = store_file(store, ram, second)
     assert written == 1 << 20 and load_chain(store, third).block_size == BLOCK_SIZE
+
+
+def test_long_chains_start_again(tmp_path: Path) -> None:
+    store = PosixObjectStore(tmp_path / "objects")
+    ram = tmp_path / "memory"
+    _sparse(ram, 64 * 4096, {0: os.urandom(64 * 4096)})
+    layer, _ = store_file(store, ram, None, block_size=4096)
+    depths = []
+    for version in range(2 * MAX_CHAIN):
+        with open(ram, "r+b") as f:
+            f.seek((version % 64) * 4096)
+            f.write(os.urandom(16))
+        layer, _ = store_file(store, ram, layer, block_size=4096)
+        depths.append(load_chain(store, layer).depth)
+    assert max(depths) == MAX_CHAIN and min(depths) == 1
+    assert _restored(store, layer, tmp_path / "back") == ram.read_bytes()
