@@ -139,6 +139,7 @@ class SandboxPauses:
                 record.layers,
                 workdir,
                 self.manager.snapshot_dir(record.sandbox_id),
+                True,  # the sandbox's own files from now on, whatever happens to the host
             )
         except (ObjectStoreError, OSError) as exc:
             raise Unavailable(

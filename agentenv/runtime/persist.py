@@ -66,10 +66,14 @@ def upload_files(
 
 
 def fetch_files(
-    store: ObjectStore, layers: dict[str, str], files_dir: Path, state_dir: Path
+    store: ObjectStore,
+    layers: dict[str, str],
+    files_dir: Path,
+    state_dir: Path,
+    durable: bool,
 ) -> None:
     """Blocking: write stored files back; device state last, since its presence is what
-    says the files are whole."""
+    says the files are whole (`durable`: each on disk before the next)."""
     files_dir.mkdir(parents=True, exist_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
     names = sorted(layers, key=lambda n: n.startswith(_STATE_PREFIX))
@@ -79,7 +83,7 @@ def fetch_files(
         else:
             dest = files_dir / name
         partial = dest.with_name(dest.name + ".fetching")
-        materialize(load_chain(store, layers[name]), store, partial)
+        materialize(load_chain(store, layers[name]), store, partial, durable)
         partial.rename(dest)
 
 

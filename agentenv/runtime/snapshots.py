@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 # A snapshot's files are staged here and renamed into place once whole.
 _STAGING = ".staging"
+# Markers of snapshot files fetched from the object store (see `_fetched`).
+_FETCHED = ".fetched"
 # In a sandbox's directory: a rollback's files, renamed there when it commits.
 ROLLBACK_DIR = "rollback"
 _ROLLBACK_META = "rollback.json"
@@ -59,6 +61,10 @@ class SandboxSnapshots:
 
     def files(self, snapshot: SnapshotRecord) -> Path:
         return self.root / snapshot.name / snapshot.tag
+
+    def _fetched(self, snapshot: SnapshotRecord) -> Path:
+        """Marks a copy fetched from the object store, with the host's boot it was made in."""
+        return self.root / _FETCHED / f"{snapshot.name}:{snapshot.tag}"
 
     async def take(self, sandbox_id: str, name: str | None, memory: bool) -> SnapshotRecord:
         """Snapshot a running sandbox under `name` (a new one if None); it runs on."""
@@ -134,10 +140,14 @@ class SandboxSnapshots:
             staging = self.root / _STAGING / f"{snapshot.name}-{snapshot.tag}-fetch"
             await asyncio.to_thread(shutil.rmtree, staging, True)
             try:
+                # A cache, written without waiting for the disk: a copy made before the
+                # host last booted is not trusted (`reclaim`).
                 await asyncio.to_thread(
-                    fetch_files, self.uploads.store, snapshot.stored, staging, staging
+                    fetch_files, self.uploads.store, snapshot.stored, staging, staging, False
                 )
                 files.parent.mkdir(parents=True, exist_ok=True)
+                self._fetched(snapshot).parent.mkdir(parents=True, exist_ok=True)
+                self._fetched(snapshot).write_text(_boot_id())
                 staging.rename(files)
             except BaseException as exc:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
@@ -228,6 +238,7 @@ class SandboxSnapshots:
         gone = await asyncio.to_thread(self.registry.delete, ref)
         for snapshot in gone:
             await asyncio.to_thread(shutil.rmtree, self.files(snapshot), True)
+            self._fetched(snapshot).unlink(missing_ok=True)
         return gone
 
     async def reclaim(self) -> int:
@@ -237,15 +248,27 @@ class SandboxSnapshots:
     def _reclaim(self) -> int:
         if not self.root.exists():
             return 0
-        known = {self.files(s) for s in self.registry.list()}
+        snapshots = self.registry.list()
+        known = {self.files(s) for s in snapshots}
         stray = list((self.root / _STAGING).glob("*"))
         stray += list(self.manager.cfg.sandboxes_dir.glob("*/rollback-*.partial"))
         for name_dir in self.root.iterdir():
-            if name_dir.name != _STAGING:
+            if name_dir.name not in (_STAGING, _FETCHED):
                 stray += [d for d in name_dir.iterdir() if d not in known]
+        # Fetched copies the disk may not hold whole after a crash of the host itself.
+        boot = _boot_id()
+        for snapshot in snapshots:
+            marker = self._fetched(snapshot)
+            if marker.exists() and marker.read_text() != boot:
+                stray.append(self.files(snapshot))
+                marker.unlink()
         for directory in stray:
             shutil.rmtree(directory, ignore_errors=True)
         return len(stray)
+
+
+def _boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 def _stage(files: Path, staging: Path, snapshot: SnapshotRecord) -> None:

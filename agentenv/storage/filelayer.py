@@ -140,8 +140,9 @@ def _runs(blocks: list[tuple[int, int]], block_size: int) -> list[tuple[int, int
     return runs
 
 
-def materialize(stack: Stack, store: ObjectStore, dest: Path) -> None:
-    """Write the stack's whole content to `dest` as a sparse file (absent blocks: holes)."""
+def materialize(stack: Stack, store: ObjectStore, dest: Path, durable: bool = False) -> None:
+    """Write the stack's whole content to `dest` as a sparse file (absent blocks: holes);
+    `durable`: on disk before this returns (a scratch or cache file need not be)."""
     block_size = stack.block_size
     by_chunk: dict[str, list[tuple[int, int]]] = {}
     for block in range(-(-stack.size // block_size)):
@@ -163,6 +164,7 @@ def materialize(stack: Stack, store: ObjectStore, dest: Path) -> None:
                 # The last block may run past the file's end: keep the size exact.
                 length = min(len(piece), stack.size - block * block_size)
                 os.pwrite(fd, piece[:length], block * block_size)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)

@@ -13,11 +13,13 @@ import pytest
 
 from agentenv.control.store import SandboxRecord
 from agentenv.errors import Conflict, Unavailable
+from agentenv.images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
 from agentenv.runtime import persist
 from agentenv.runtime.lifecycle import State
 from agentenv.runtime.manager import GuestLost
 from agentenv.runtime.persist import Uploads
 from agentenv.runtime.recovery import recover
+from agentenv.runtime.snapshots import SandboxSnapshots
 from agentenv.storage.objectstore import ObjectStoreError
 from agentenv.vmm.driver import VmHandle, VmmError
 
@@ -323,3 +325,24 @@ async def test_a_snapshots_lineage_never_replaces_stored_paused_layers(h: Harnes
         {"memory": "paused-layer"},
         True,
     )
+
+
+async def test_snapshot_copies_fetched_before_the_host_rebooted_are_dropped(h: Harness) -> None:
+    registry = SnapshotRegistry(h.pauses.objects)
+    snapshots = SandboxSnapshots(
+        h.pauses, registry, h.manager.catalog, Uploads(h.manager, h.pauses.objects)
+    )
+    records = []
+    for boot in ("an-earlier-boot", Path("/proc/sys/kernel/random/boot_id").read_text().strip()):
+        record = SnapshotRecord(
+            name=new_name(), tag=new_tag(), source_sandbox="i1", template_id="base",
+            memory=True, vcpus=1, memory_mb=256, kit="kit1",
+        )  # fmt: skip
+        registry.save(record)
+        snapshots.files(record).mkdir(parents=True)
+        (snapshots.files(record) / "memory").write_bytes(b"ram")
+        snapshots._fetched(record).parent.mkdir(parents=True, exist_ok=True)
+        snapshots._fetched(record).write_text(boot)
+        records.append(record)
+    assert await snapshots.reclaim() == 1
+    assert not snapshots.files(records[0]).exists() and snapshots.files(records[1]).exists()
