@@ -10,12 +10,12 @@ from pathlib import Path
 
 from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
-from ..errors import Unavailable
+from ..errors import Conflict, Unavailable
 from ..guest.kit import Kit
 from ..vmm.driver import VmHandle, VmmError
 from ..vmm.qemuimg import copy_sparse
 from .cleanup import CleanupStack
-from .manager import SandboxManager
+from .manager import FILESYSTEM, SandboxManager
 
 DISK = "rootfs.qcow2"
 MEMORY = "memory"
@@ -47,6 +47,34 @@ async def take_checkpoint(
         raise
     finally:
         await manager.driver.resume(handle)
+
+
+async def copy_paused(
+    manager: SandboxManager, source: SandboxRecord, dest: Path, memory: bool
+) -> None:
+    """Copy a paused sandbox's files into `dest` (made here), as `take_checkpoint` would
+    have while it ran: its disk and, with `memory`, its RAM and saved device state."""
+    if memory and source.pause_mode == FILESYSTEM:
+        raise Conflict(
+            f"sandbox '{source.sandbox_id}' was paused without its memory: "
+            "snapshot it filesystem-only, or resume it first"
+        )
+    if not manager.local_state_intact(source):
+        raise Unavailable(
+            f"sandbox '{source.sandbox_id}': its files are not on this node; resume it first"
+        )
+    workdir = manager.workdir(source.sandbox_id)
+    dest.mkdir(parents=True)
+    try:
+        for name in (MEMORY, DISK) if memory else (DISK,):
+            await asyncio.to_thread(copy_sparse, workdir / name, dest / name)
+        if memory:
+            for path in manager.snapshot_dir(source.sandbox_id).iterdir():
+                await asyncio.to_thread(copy_sparse, path, dest / path.name)
+        crash_point("checkpoint.copied")
+    except BaseException:
+        await asyncio.to_thread(shutil.rmtree, dest, True)
+        raise
 
 
 async def provision_from_checkpoint(

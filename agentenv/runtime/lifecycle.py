@@ -20,6 +20,8 @@ class State(StrEnum):
     RESUMING = "resuming"
     # Frozen for a fork's copy of its memory and disk; it runs on afterwards.
     CHECKPOINTING = "checkpointing"
+    # A paused sandbox's files being copied (for a snapshot); it stays paused.
+    COPYING = "copying"
     # Put back to one of its snapshots in place; its files are the snapshot's from the
     # moment this state is entered, so it ends running or paused at that snapshot.
     ROLLING_BACK = "rolling_back"
@@ -30,6 +32,7 @@ class Event(StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
     CHECKPOINT = "checkpoint"
+    COPY = "copy"
     ROLLBACK = "rollback"
     KILL = "kill"
     # The operation of the current transient state finished, or failed and was undone.
@@ -53,6 +56,9 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.RESUMING, Event.LOST): State.KILLING,
     (State.CHECKPOINTING, Event.DONE): State.RUNNING,
     (State.CHECKPOINTING, Event.FAILED): State.RUNNING,
+    (State.PAUSED, Event.COPY): State.COPYING,
+    (State.COPYING, Event.DONE): State.PAUSED,
+    (State.COPYING, Event.FAILED): State.PAUSED,
     (State.RUNNING, Event.ROLLBACK): State.ROLLING_BACK,
     (State.PAUSED, Event.ROLLBACK): State.ROLLING_BACK,
     (State.ROLLING_BACK, Event.DONE): State.RUNNING,
@@ -64,11 +70,18 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
 
 # Transient states: an operation is under way (or was, when the server died).
 TRANSIENT = frozenset(
-    {State.CREATING, State.PAUSING, State.RESUMING, State.CHECKPOINTING, State.ROLLING_BACK}
+    {
+        State.CREATING,
+        State.PAUSING,
+        State.RESUMING,
+        State.CHECKPOINTING,
+        State.COPYING,
+        State.ROLLING_BACK,
+    }
 )
 
 # States whose VM holds host memory (admission counts them); paused ones hold disk only.
-HOLDS_MEMORY = frozenset(set(State) - {State.PAUSED, State.KILLING})
+HOLDS_MEMORY = frozenset(set(State) - {State.PAUSED, State.COPYING, State.KILLING})
 
 # Sandboxes that expire: a paused one waits to be resumed or deleted.
 EXPIRES = frozenset({State.RUNNING})
@@ -81,6 +94,7 @@ PUBLIC_STATE: dict[State, str] = {
     State.PAUSED: "paused",
     State.RESUMING: "paused",
     State.CHECKPOINTING: "running",
+    State.COPYING: "paused",
     State.ROLLING_BACK: "running",
     State.KILLING: "running",
 }

@@ -120,6 +120,15 @@ async def _checkpointing(found: _Found) -> Outcome:
     return await found.run_vm()
 
 
+async def _copying(found: _Found) -> Outcome:
+    """A paused sandbox whose files were being copied is as paused as before."""
+    if not found.saved:
+        return await found.remove()
+    await found.stop_vm()
+    await found.manager.settle(found.record, Event.DONE)
+    return Outcome.PAUSED
+
+
 async def _rolling_back(found: _Found) -> Outcome:
     """A committed rollback is finished and left paused at its snapshot; once its files
     are in place it ends like a resume."""
@@ -143,6 +152,7 @@ RULES: dict[State, Callable[[_Found], Awaitable[Outcome]]] = {
     State.PAUSED: _paused,
     State.RESUMING: _resuming,
     State.CHECKPOINTING: _checkpointing,
+    State.COPYING: _copying,
     State.ROLLING_BACK: _rolling_back,
     State.KILLING: _unfinished,
 }

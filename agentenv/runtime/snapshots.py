@@ -24,8 +24,14 @@ from ..images.templates import validate_name
 from ..storage.objectstore import ObjectStoreError
 from ..vmm.driver import VmHandle
 from ..vmm.qemuimg import copy_sparse
-from .checkpoint import DISK, MEMORY, provision_from_checkpoint, take_checkpoint
-from .lifecycle import Event
+from .checkpoint import (
+    DISK,
+    MEMORY,
+    copy_paused,
+    provision_from_checkpoint,
+    take_checkpoint,
+)
+from .lifecycle import Event, allows
 from .manager import FILESYSTEM, FULL, CreateRequest, SandboxManager, now
 from .pause import SandboxPauses
 from .persist import Uploads, fetch_files
@@ -67,7 +73,8 @@ class SandboxSnapshots:
         return self.root / _FETCHED / f"{snapshot.name}:{snapshot.tag}"
 
     async def take(self, sandbox_id: str, name: str | None, memory: bool) -> SnapshotRecord:
-        """Snapshot a running sandbox under `name` (a new one if None); it runs on."""
+        """Snapshot a running sandbox (it runs on) or a paused one (it stays paused) under
+        `name` (a new one if None)."""
         name = validate_name(name) if name else new_name()
         if name == BASE or await asyncio.to_thread(self.catalog.templates.find, name):
             raise Conflict(f"'{name}' names a template that is not a snapshot")
@@ -79,7 +86,17 @@ class SandboxSnapshots:
             await take_checkpoint(self.manager, record, staging, memory)
             return record
 
-        source = await self.manager.operate(sandbox_id, Event.CHECKPOINT, freeze_and_copy)
+        async def copy_files(record: SandboxRecord) -> SandboxRecord:
+            await copy_paused(self.manager, record, staging, memory)
+            return record
+
+        # A running sandbox is frozen for the copy; a paused one's files are copied as
+        # they are (it stays paused meanwhile).
+        record = await self.manager.get(sandbox_id)
+        if allows(record.state, Event.CHECKPOINT):
+            source = await self.manager.operate(sandbox_id, Event.CHECKPOINT, freeze_and_copy)
+        else:
+            source = await self.manager.operate(sandbox_id, Event.COPY, copy_files)
         try:
             snapshot = SnapshotRecord(
                 name=name,

@@ -114,6 +114,31 @@ def test_filesystem_snapshots_and_pauses_start_a_fresh_guest(server: LiveServer)
     assert HostResources.measure(server.home, server.prefix) == before
 
 
+def test_a_paused_sandbox_is_snapshotted_as_it_is(server: LiveServer) -> None:
+    source = Sandbox.create()
+    made: list[Sandbox] = []
+    try:
+        source.commands.run("echo paused-state > ~/state && " + TICKER)
+        source.pause()
+        snapshot = Sandbox.create_snapshot(source.sandbox_id)
+        assert source.get_info().state.value == "paused"
+        child = Sandbox.create(snapshot.snapshot_id)
+        made.append(child)
+        assert child.commands.run("cat ~/state").stdout == "paused-state\n"
+        assert ticks(child) is not None
+        # Paused without its memory, it has no memory to snapshot.
+        resumed = Sandbox.connect(source.sandbox_id)
+        resumed.pause(mode="filesystem")
+        with pytest.raises(SandboxException, match="409"):
+            Sandbox.create_snapshot(source.sandbox_id)
+        assert Sandbox.create_snapshot(source.sandbox_id, mode="filesystem").snapshot_id
+        for each in Sandbox.list_snapshots(sandbox_id=source.sandbox_id).next_items():
+            Sandbox.delete_snapshot(each.snapshot_id)
+    finally:
+        for sandbox in (source, *made):
+            sandbox.kill()
+
+
 def test_rollback_puts_a_sandbox_back_in_place(server: LiveServer) -> None:
     before = HostResources.measure(server.home, server.prefix)
     sandbox = Sandbox.create()

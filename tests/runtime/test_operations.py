@@ -159,6 +159,8 @@ async def crashed_in(h: Harness, state: State, *, saved: bool, alive: bool) -> s
         (State.RESUMING, False, True, "running", True),
         (State.RESUMING, False, False, None, False),
         (State.CHECKPOINTING, False, True, "running", True),
+        (State.COPYING, True, False, "paused", False),
+        (State.COPYING, False, False, None, False),
         (State.KILLING, False, True, None, False),
     ],
 )
