@@ -110,7 +110,8 @@ class Uploads:
             await asyncio.sleep(SCAN_INTERVAL)
 
     def start(self, body: Awaitable[None]) -> None:
-        """Run a snapshot's upload in the background, ended by `close`."""
+        """Run a snapshot's upload in the background, ended by `close` (as are the
+        uploads of paused sandboxes)."""
         task = asyncio.ensure_future(body)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -118,7 +119,7 @@ class Uploads:
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
     # -- sandboxes -------------------------------------------------------------------
@@ -136,6 +137,9 @@ class Uploads:
             self._busy.add(key)
             task = self.manager.read_paused(key, self._upload_sandbox(record))
             task.add_done_callback(lambda t, key=key: self._finished(key, t))
+            # `close` ends it too, before the state store it reports to is closed.
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _upload_sandbox(self, record: SandboxRecord) -> None:
         manager = self.manager
