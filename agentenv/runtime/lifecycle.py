@@ -83,6 +83,9 @@ TRANSIENT = frozenset(
 # States whose VM holds host memory (admission counts them); paused ones hold disk only.
 HOLDS_MEMORY = frozenset(set(State) - {State.PAUSED, State.COPYING, State.KILLING})
 
+# States whose files no VM or operation changes: uploads may read them meanwhile.
+AT_REST = frozenset({State.PAUSED})
+
 # Sandboxes that expire: a paused one waits to be resumed or deleted.
 EXPIRES = frozenset({State.RUNNING})
 

@@ -24,7 +24,7 @@ from ..storage.gc import WriteLease
 from ..storage.layer import BLOCK_SIZE
 from ..storage.objectstore import ObjectStore
 from .checkpoint import DISK, MEMORY
-from .lifecycle import State
+from .lifecycle import AT_REST
 from .manager import FILESYSTEM, SandboxManager
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class Uploads:
         """Start an upload for each paused sandbox whose files are not stored yet."""
         for record in await self.manager.store.list():
             key = record.sandbox_id
-            if record.state != State.PAUSED or record.stored or key in self._busy:
+            if record.state not in AT_REST or record.stored or key in self._busy:
                 continue
             if time.monotonic() < self._retry_at.get(key, 0.0):
                 continue
