@@ -12,9 +12,9 @@ def test_nameservers_keeps_reachable_ipv4_servers_only() -> None:
     text = (
         "# generated\nsearch example.internal\nnameserver 127.0.0.53\nnameserver ::1\n"
         "nameserver fd00::53\nnameserver 10.255.255.53\nnameserver bogus\nnameserver\n"
-        "options edns0\nnameserver 1.1.1.1 # trailing\n"
+        "options edns0\nnameserver 198.51.100.53 # trailing\n"
     )
-    assert nameservers(text) == [IPv4Address("10.255.255.53"), IPv4Address("1.1.1.1")]
+    assert nameservers(text) == [IPv4Address("10.255.255.53"), IPv4Address("198.51.100.53")]
 
 
 def test_host_dns_server_prefers_systemd_resolveds_upstreams(tmp_path: Path) -> None:

@@ -39,7 +39,12 @@ def test_blocked_ranges_cover_private_local_and_reserved_space() -> None:
         "240.0.0.1", "255.255.255.255", "198.18.0.1", "192.0.0.170",
     ):  # fmt: skip
         assert _blocked(address), address
-    for address in ("8.8.8.8", "1.1.1.1", "172.32.0.1", "100.128.0.1", "203.0.113.10"):
+    # Documentation ranges stand in for the internet; the first addresses past the private
+    # and shared ranges are computed, so no public address is named here.
+    past_ends = [
+        str(IPv4Network(cidr).broadcast_address + 1) for cidr in ("172.16.0.0/12", "100.64.0.0/10")
+    ]
+    for address in ("192.0.2.1", "198.51.100.7", "203.0.113.10", *past_ends):
         assert not _blocked(address), address
 
 
