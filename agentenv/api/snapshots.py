@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from ..images.snapshots import SnapshotRecord, split_ref
+from ..images.snapshots import SnapshotRecord, newest_tags, snapshot_names, split_ref
 from ..runtime.snapshots import SandboxSnapshots
 from .deps import ConfigDep, SnapshotsDep
 from .errors import ERROR_RESPONSES
@@ -19,11 +19,10 @@ from .sandboxes import public_domain, sandbox_answer
 router = APIRouter(responses=ERROR_RESPONSES)
 
 
-def _info(snapshots: SandboxSnapshots, snapshot: SnapshotRecord) -> SnapshotInfo:
-    """Blocking: the names are read from the registry."""
+def _info(snapshots: SandboxSnapshots, snapshot: SnapshotRecord, newest: bool) -> SnapshotInfo:
     return SnapshotInfo(
         snapshotID=snapshot.snapshot_id,
-        names=snapshots.registry.names(snapshot),
+        names=snapshot_names(snapshot, newest),
         sandboxID=snapshot.source_sandbox,
         templateID=snapshot.template_id,
         memory=snapshot.memory,
@@ -41,7 +40,8 @@ async def create_snapshot(
     """Snapshot a running sandbox, which runs on; a name that exists gets a new build."""
     body = body or SnapshotBody()
     snapshot = await snapshots.take(sandbox_id, body.name, body.memory)
-    return await asyncio.to_thread(_info, snapshots, snapshot)
+    newest = await asyncio.to_thread(snapshots.registry.find, snapshot.name)
+    return _info(snapshots, snapshot, newest is not None and newest.tag == snapshot.tag)
 
 
 @router.get("/snapshots")
@@ -54,8 +54,8 @@ async def list_snapshots(
     nextToken: str | None = None,
 ) -> list[SnapshotInfo]:
     """Every build, oldest first; filtered by source sandbox or by name (`name[:tag]`)."""
-    registry = snapshots.registry
-    found = await asyncio.to_thread(registry.list)
+    found = await asyncio.to_thread(snapshots.registry.list)
+    newest = newest_tags(found)
     if sandboxID is not None:
         found = [s for s in found if s.source_sandbox == sandboxID]
     if name is not None:
@@ -67,7 +67,7 @@ async def list_snapshots(
     page = found[:limit]
     if len(found) > limit:
         response.headers["x-next-token"] = encode_cursor(page[-1].created, page[-1].snapshot_id)
-    return await asyncio.to_thread(lambda: [_info(snapshots, s) for s in page])
+    return [_info(snapshots, s, newest[s.name] == s.tag) for s in page]
 
 
 @router.post("/sandboxes/{sandbox_id}/rollback")

@@ -110,11 +110,24 @@ class SnapshotRegistry:
 
     def lookup(self, ref: str) -> SnapshotRecord | None:
         """The snapshot `ref` names; None when its name is not a snapshot's (it may be an
-        image's), NotFound when the name is a snapshot's but has no such build."""
-        record = self.find(ref)
-        if record is None and self.builds(split_ref(ref)[0]):
-            raise NotFound(f"snapshot {ref!r} not found")
-        return record
+        image's), NotFound when the name is a snapshot's but has no such build. One
+        listing of the name: every create asks."""
+        name, tag = split_ref(ref)
+        if not valid_name(name):
+            return None
+        keys = self._store.list(f"snapshots/{name}/")
+        if not keys:
+            return None
+        if tag == DEFAULT_TAG:
+            builds = _oldest_first(self._load(keys))
+            if builds:
+                return builds[-1]
+        elif _key(name, tag) in keys:
+            try:
+                return SnapshotRecord.from_json(self._store.get(_key(name, tag)))
+            except ObjectNotFound:
+                pass  # deleted meanwhile
+        raise NotFound(f"snapshot {ref!r} not found")
 
     def get(self, ref: str) -> SnapshotRecord:
         record = self.find(ref)
@@ -138,14 +151,6 @@ class SnapshotRegistry:
             self._store.delete(_key(record.name, record.tag))
         return gone
 
-    def names(self, record: SnapshotRecord) -> list[str]:
-        """The ids that reach `record`: its own, and `name:default` while it is the newest."""
-        names = [record.snapshot_id]
-        newest = self.find(record.name)
-        if newest is not None and newest.tag == record.tag:
-            names.append(f"{record.name}:{DEFAULT_TAG}")
-        return names
-
     def _load(self, keys: list[str]) -> list[SnapshotRecord]:
         records = []
         for key in keys:
@@ -154,6 +159,18 @@ class SnapshotRegistry:
             except ObjectNotFound:
                 continue  # deleted while listing
         return records
+
+
+def snapshot_names(record: SnapshotRecord, newest: bool) -> list[str]:
+    """The ids that reach `record`: its own, and `name:default` while it is the newest."""
+    if newest:
+        return [record.snapshot_id, f"{record.name}:{DEFAULT_TAG}"]
+    return [record.snapshot_id]
+
+
+def newest_tags(records: list[SnapshotRecord]) -> dict[str, str]:
+    """Each name's newest build's tag, from records oldest first."""
+    return {record.name: record.tag for record in records}
 
 
 def _oldest_first(records: list[SnapshotRecord]) -> list[SnapshotRecord]:

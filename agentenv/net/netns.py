@@ -140,6 +140,10 @@ async def destroy_network(netns: str, host_veth: str | None = None) -> None:
                 raise
 
 
+def namespace_exists(netns: str) -> bool:
+    return (_NETNS_DIR / netns).exists()
+
+
 def list_namespaces(name_prefix: str) -> list[str]:
     """Namespaces a server with this prefix created (for the start-up sweep of leftovers)."""
     if not _NETNS_DIR.exists():

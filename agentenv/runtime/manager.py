@@ -35,7 +35,7 @@ from ..net.netns import (
     apply_policy,
     create_network,
     destroy_network,
-    list_namespaces,
+    namespace_exists,
     plan_network,
 )
 from ..net.policy import egress_policy
@@ -169,7 +169,11 @@ class SandboxManager:
     async def _transition(self, record: SandboxRecord, event: Event) -> None:
         """Persist the next state; the proxy routes to a sandbox exactly while it runs."""
         record.state = next_state(record.state, event)
-        await asyncio.shield(self.store.update(record.sandbox_id, state=record.state))
+        changes: dict[str, Any] = {"state": record.state}
+        if record.state == State.RUNNING and record.pause_mode is not None:
+            # Running, it has no pause behind it: recovery must not read one into its files.
+            record.pause_mode = changes["pause_mode"] = None
+        await asyncio.shield(self.store.update(record.sandbox_id, **changes))
         if record.state == State.RUNNING:
             self.adopt(record)
         else:
@@ -541,17 +545,16 @@ class SandboxManager:
     async def renew_network_policy(self, record: SandboxRecord) -> None:
         """Apply today's egress policy to a sandbox kept across a restart (one paused on
         another node has no namespace here until it resumes)."""
-        if await self._has_network(record):
+        if self._has_network(record):
             await apply_policy(self.network_plan(record), record.allow_internet, self.egress)
 
     async def ensure_network(self, record: SandboxRecord) -> None:
         """The namespace of a sandbox that was paused on another node is made here."""
-        if not await self._has_network(record):
+        if not self._has_network(record):
             await create_network(self.network_plan(record), record.allow_internet, self.egress)
 
-    async def _has_network(self, record: SandboxRecord) -> bool:
-        names = await asyncio.to_thread(list_namespaces, self.cfg.net.name_prefix)
-        return self.network_plan(record).netns in names
+    def _has_network(self, record: SandboxRecord) -> bool:
+        return namespace_exists(self.network_plan(record).netns)
 
     def adopt(self, record: SandboxRecord) -> None:
         """Route the proxy to a running sandbox (one whose VM survived a restart too)."""

@@ -123,9 +123,6 @@ class SandboxPauses:
             await self._restore_paused(record)
         else:
             await self._restart_paused(record)
-        # Running, it has no pause behind it: recovery must not read one into its files.
-        record.pause_mode = None
-        await self.manager.store.update(record.sandbox_id, pause_mode=None)
 
     async def _fetch(self, record: SandboxRecord) -> None:
         workdir = self.manager.workdir(record.sandbox_id)

@@ -136,11 +136,15 @@ class SandboxSnapshots:
             await asyncio.to_thread(self.registry.save, snapshot)
         await self.manager.set_lineage(snapshot.source_sandbox, snapshot.stored)
 
-    async def resume_uploads(self) -> None:
-        """At start: upload the snapshots taken here that are not stored yet."""
-        for snapshot in await asyncio.to_thread(self.registry.list):
+    async def open(self) -> int:
+        """At start: reclaim what a dead server left (see `_reclaim`), then upload the
+        snapshots taken here that are not stored yet; how many leftovers went."""
+        snapshots = await asyncio.to_thread(self.registry.list)
+        reclaimed = await asyncio.to_thread(self._reclaim, snapshots)
+        for snapshot in snapshots:
             if not snapshot.stored and self.files(snapshot).is_dir():
                 self._upload(snapshot)
+        return reclaimed
 
     async def local_files(self, snapshot: SnapshotRecord) -> Path:
         """The snapshot's files on this node, fetched from the object store if needed."""
@@ -258,14 +262,11 @@ class SandboxSnapshots:
             self._fetched(snapshot).unlink(missing_ok=True)
         return gone
 
-    async def reclaim(self) -> int:
-        """At start: staged copies a dead server left, and files no record names."""
-        return await asyncio.to_thread(self._reclaim)
-
-    def _reclaim(self) -> int:
+    def _reclaim(self, snapshots: list[SnapshotRecord]) -> int:
+        """Staged copies, files no record names, and fetched copies from before the host's
+        current boot."""
         if not self.root.exists():
             return 0
-        snapshots = self.registry.list()
         known = {self.files(s) for s in snapshots}
         stray = list((self.root / _STAGING).glob("*"))
         stray += list(self.manager.cfg.sandboxes_dir.glob("*/rollback-*.partial"))

@@ -32,12 +32,15 @@ def digests_key(layer_id: str) -> str:
     return f"digests/{layer_id}"
 
 
-def _read_blocks(path: Path, block_size: int) -> tuple[int, dict[int, bytes]]:
-    """The file's size and the data of each block not wholly inside a hole."""
-    blocks: dict[int, bytes] = {}
+def _block_digests(path: Path, block_size: int) -> tuple[int, bytearray]:
+    """The file's size and a digest per block (zeros for holes and zero blocks), read in
+    windows so memory stays bounded whatever the file's size."""
     with open(path, "rb") as f:
         fd = f.fileno()
         size = os.fstat(fd).st_size
+        count = -(-size // block_size)
+        digests = bytearray(count * _DIGEST)
+        zero = bytes(block_size)
         pos = 0
         while pos < size:
             try:
@@ -47,13 +50,17 @@ def _read_blocks(path: Path, block_size: int) -> tuple[int, dict[int, bytes]]:
             end = os.lseek(fd, start, os.SEEK_HOLE)
             first, last = start // block_size, -(-end // block_size)
             for window in range(first, last, _WINDOW // block_size):
-                count = min(_WINDOW // block_size, last - window)
-                data = os.pread(fd, count * block_size, window * block_size)
-                for i in range(count):
-                    piece = data[i * block_size : (i + 1) * block_size]
-                    blocks.setdefault(window + i, piece.ljust(block_size, b"\0"))
+                blocks = min(_WINDOW // block_size, last - window)
+                data = os.pread(fd, blocks * block_size, window * block_size)
+                for i in range(blocks):
+                    piece = data[i * block_size : (i + 1) * block_size].ljust(block_size, b"\0")
+                    if piece != zero:
+                        at = (window + i) * _DIGEST
+                        digests[at : at + _DIGEST] = hashlib.blake2b(
+                            piece, digest_size=_DIGEST
+                        ).digest()
             pos = end
-    return size, blocks
+    return size, digests
 
 
 def store_file(
@@ -63,9 +70,8 @@ def store_file(
     version, or None); returns the layer's id and the bytes of blocks it wrote. A layer
     already stored for the same content over the same parent is reused. A chain that
     reached MAX_CHAIN layers starts again with the whole file, so reading one back never
-    walks more layers than that."""
-    size, blocks = _read_blocks(path, block_size)
-    count = -(-size // block_size)
+    walks more layers than that. The file must not change meanwhile (it is read twice)."""
+    size, digests = _block_digests(path, block_size)
     depth, old = _digests(store, parent, block_size) if parent else (0, b"")
     if parent and (not old or depth + 1 >= MAX_CHAIN):
         # Other blocks, or a chain long enough: the whole file (unchanged runs of it
@@ -73,25 +79,21 @@ def store_file(
         parent, depth, old = None, 0, b""
     elif parent:
         depth += 1
-    zero = bytes(block_size)
-    digests = bytearray(count * _DIGEST)
-    changed: list[int] = []
-    for block in range(count):
-        data = blocks.get(block)
-        if data is None or data == zero:
-            digest = _HOLE
-        else:
-            digest = hashlib.blake2b(data, digest_size=_DIGEST).digest()
-        digests[block * _DIGEST : (block + 1) * _DIGEST] = digest
-        if digest != old[block * _DIGEST : (block + 1) * _DIGEST].ljust(_DIGEST, b"\0"):
-            changed.append(block)
+    changed = [
+        block
+        for block in range(len(digests) // _DIGEST)
+        if digests[block * _DIGEST : (block + 1) * _DIGEST]
+        != old[block * _DIGEST : (block + 1) * _DIGEST].ljust(_DIGEST, b"\0")
+    ]
     content = f"{size}:{block_size}:{hashlib.sha256(digests).hexdigest()}"
     layer_id = chain_id(parent, content)
     if store.exists(layer_key(layer_id)):
         return layer_id, 0
     writer = LayerWriter(store, layer_id, parent, size, block_size)
-    for block in changed:
-        writer.add_block(block, blocks.get(block, zero))
+    with open(path, "rb") as f:
+        for block in changed:
+            data = os.pread(f.fileno(), block_size, block * block_size)
+            writer.add_block(block, data.ljust(block_size, b"\0"))
     # The digests first: a visible index (written by `finish`) always has them.
     header = block_size.to_bytes(4, "big") + depth.to_bytes(4, "big")
     store.put(digests_key(layer_id), header + bytes(digests))

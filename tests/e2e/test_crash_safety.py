@@ -51,13 +51,15 @@ def restart(server: LiveServer, crash_at: str | None = None) -> None:
 
 
 def call_until_crash(server: LiveServer, method: str, path: str, body: dict) -> None:
-    """The request whose handling reaches the crash point: the server must die of it."""
+    """The request whose handling reaches the crash point: the server must die of it; it
+    is then started again (recovering)."""
     assert server.proc is not None
     with server.client() as api:
         with pytest.raises(httpx.TransportError):
             api.request(method, path, json=body)
     assert server.proc.wait(timeout=60) == -signal.SIGKILL, server.log_tail()
     server.proc = None
+    restart(server)
 
 
 def settled(
@@ -113,7 +115,6 @@ def kill_all(server: LiveServer, sandbox_ids: list[str]) -> None:
 def test_crash_during_create_leaves_nothing(fresh_server: LiveServer, point: str) -> None:
     restart(fresh_server, crash_at=point)
     call_until_crash(fresh_server, "POST", "/v2/sandboxes", {"templateID": "base"})
-    restart(fresh_server)
     assert settled(fresh_server, {}, 0) == {}
 
 
@@ -146,7 +147,6 @@ def test_crash_during_pause(fresh_server: LiveServer, point: str, outcome: str) 
     sid = sandbox["sandboxID"]
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/pause", {})
-    restart(fresh_server)
     assert settled(fresh_server, {sid: sandbox}, floor) == {sid: outcome}
     kill_all(fresh_server, [sid])
 
@@ -166,7 +166,6 @@ def test_crash_during_resume(fresh_server: LiveServer, point: str, outcome: str)
     sid = sandbox["sandboxID"]
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/v2/sandboxes/{sid}/connect", {"timeout": 120})
-    restart(fresh_server)
     assert settled(fresh_server, {sid: sandbox}, floor) == {sid: outcome}
     kill_all(fresh_server, [sid])
 
@@ -186,7 +185,6 @@ def test_crash_during_fork(fresh_server: LiveServer, point: str) -> None:
     sid = parent["sandboxID"]
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/fork", {"count": 2})
-    restart(fresh_server)
     states = settled(fresh_server, {sid: parent}, floor)
     # The parent always runs on; forks finished before the crash are sandboxes like any.
     assert states[sid] == "running"
@@ -239,7 +237,6 @@ def test_crash_during_snapshot(fresh_server: LiveServer, point: str) -> None:
     sid = sandbox["sandboxID"]
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/snapshots", {})
-    restart(fresh_server)
     assert settled(fresh_server, {sid: sandbox}, floor) == {sid: "running"}
     with fresh_server.client() as api:
         assert api.get("/snapshots").json() == []
@@ -262,7 +259,6 @@ def test_crash_during_rollback(fresh_server: LiveServer, point: str, outcome: st
     snapshot = _snapshot(fresh_server, sid)
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/rollback", {"snapshotID": snapshot})
-    restart(fresh_server)
     assert settled(fresh_server, {sid: sandbox}, floor, snapshots=1) == {sid: outcome}
     _no_snapshots_left(fresh_server)
     kill_all(fresh_server, [sid])
@@ -278,7 +274,6 @@ def test_crash_during_a_filesystem_pause(
     sid = sandbox["sandboxID"]
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/pause", {"memory": False})
-    restart(fresh_server)
     # A fresh guest after a filesystem pause: its counter file on disk, no counter running.
     counting = outcome == "running"
     assert settled(fresh_server, {sid: sandbox}, floor, counting=counting) == {sid: outcome}

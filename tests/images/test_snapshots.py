@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from agentenv.errors import NotFound
-from agentenv.images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
+from agentenv.images.snapshots import (
+    SnapshotRecord,
+    SnapshotRegistry,
+    new_name,
+    new_tag,
+    newest_tags,
+    snapshot_names,
+)
 from agentenv.storage.posix import PosixObjectStore
 
 
@@ -39,12 +46,17 @@ def test_a_name_means_its_newest_build(registry: SnapshotRegistry) -> None:
     assert registry.get("web").tag == new.tag
     assert registry.get("web:default").tag == new.tag
     assert registry.get(old.snapshot_id).tag == old.tag
-    assert registry.names(new) == [new.snapshot_id, "web:default"]
-    assert registry.names(old) == [old.snapshot_id]
+    newest = newest_tags(registry.list())
+    assert snapshot_names(new, newest["web"] == new.tag) == [new.snapshot_id, "web:default"]
+    assert snapshot_names(old, newest["web"] == old.tag) == [old.snapshot_id]
 
 
 def test_lookup_tells_images_from_missing_builds(registry: SnapshotRegistry) -> None:
-    registry.save(_build("web", "2026-01-01T00:00:00+00:00"))
+    only = _build("web", "2026-01-01T00:00:00+00:00")
+    registry.save(only)
+    for ref in ("web", "web:default", only.snapshot_id):
+        found = registry.lookup(ref)
+        assert found is not None and found.tag == only.tag
     # Not a snapshot's name: maybe an image reference, for the caller to decide.
     assert registry.lookup("ubuntu:22.04") is None
     assert registry.lookup("docker.io/library/ubuntu:22.04") is None

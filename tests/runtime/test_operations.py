@@ -346,5 +346,5 @@ async def test_snapshot_copies_fetched_before_the_host_rebooted_are_dropped(h: H
         snapshots._fetched(record).parent.mkdir(parents=True, exist_ok=True)
         snapshots._fetched(record).write_text(boot)
         records.append(record)
-    assert await snapshots.reclaim() == 1
+    assert await snapshots.open() == 1
     assert not snapshots.files(records[0]).exists() and snapshots.files(records[1]).exists()
