@@ -1,8 +1,8 @@
 """Snapshots through the API: taking one after 0 / 10 / 100 MB of fresh writes to memory
 and disk (time, and bytes its upload wrote to the object store), creating from a snapshot
 with its files on the node (warm) and fetched from the object store (cold), next to
-creating from the template; rollback; forks of 1 and 8; host memory of 8 sandboxes made
-from one snapshot against 8 times one.
+creating from the template; rollback; forks of 1, 8 and 32; 20 paused sandboxes resumed at
+once; host memory of 8 sandboxes made from one snapshot against 8 times one.
 
 Prints JSON lines. Run: `python -m benchmarks.bench_snapshots [--cycles N]`.
 """
@@ -14,12 +14,13 @@ import json
 import shutil
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tests.live import LiveServer, vmm_pid
 
-from .bench_pause import fork_seconds, p50
+from .bench_pause import fork_seconds, p50, p99
 from .harness import create_to_first_output, echo_ready, kill_all, live_server, wait_snapshot
 
 
@@ -110,6 +111,36 @@ def clones_memory(server: LiveServer, snapshot: str, count: int) -> dict[str, fl
     }
 
 
+def concurrent_resumes(server: LiveServer, sandbox_id: str, count: int) -> dict[str, float]:
+    """Fork `count` sandboxes and pause them all, then resume them at once: the wall time
+    until every connect answered, and each connect's own time."""
+    with server.client() as api:
+        response = api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": count}, timeout=600)
+        assert response.status_code == 201, response.text
+        children = [r["sandbox"]["sandboxID"] for r in response.json() if "sandbox" in r]
+        assert len(children) == count, response.text
+        for child in children:
+            assert api.post(f"/sandboxes/{child}/pause", json={}).status_code == 204
+
+    def resume(child: str) -> float:
+        with server.client() as api:
+            start = time.perf_counter()
+            answer = api.post(f"/sandboxes/{child}/connect", json={"timeout": 300}, timeout=600)
+            assert answer.status_code == 201, answer.text
+            return time.perf_counter() - start
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(count) as pool:
+        each = list(pool.map(resume, children))
+    wall = time.perf_counter() - start
+    kill_all(server, children)
+    return {
+        f"resumes_{count}_wall_s": round(wall, 2),
+        "resume_p50_s": p50(each),
+        "resume_p99_s": p99(each),
+    }
+
+
 def rollback_seconds(server: LiveServer, sandbox: dict[str, Any], snapshot: str) -> float:
     with server.client() as api:
         start = time.perf_counter()
@@ -142,7 +173,8 @@ def main() -> None:
             shutil.rmtree(Path(server.home) / "snapshots" / name / tag)  # the node's cache
             cold.append(create_from(server, snapshot))
         rollbacks = [rollback_seconds(server, sandbox, snapshot) for _ in range(args.cycles)]
-        forks = {n: fork_seconds(server, sandbox["sandboxID"], n) for n in (1, 8)}
+        forks = {n: fork_seconds(server, sandbox["sandboxID"], n) for n in (1, 8, 32)}
+        resumes = concurrent_resumes(server, sandbox["sandboxID"], 20)
         memory = clones_memory(server, snapshot, 8)
         kill_all(server, [sandbox["sandboxID"]])
     print(
@@ -159,6 +191,7 @@ def main() -> None:
     )
     print(json.dumps({"bench": "rollback", "rollback_to_first_output_p50_s": p50(rollbacks)}))
     print(json.dumps({"bench": "fork", **{f"fork_{n}_s": round(t, 2) for n, t in forks.items()}}))
+    print(json.dumps({"bench": "concurrent_resumes", **resumes}))
     print(json.dumps({"bench": "clones_memory", **memory}))
 
 
