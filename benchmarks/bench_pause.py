@@ -49,15 +49,21 @@ def api_cycle(server: LiveServer, sandbox_id: str) -> tuple[float, float, float,
     return paused, answered, time.perf_counter() - start, rss_paused
 
 
-def fork_seconds(server: LiveServer, sandbox_id: str, count: int) -> float:
-    """`POST /fork` for `count` forks until all of them run; they are killed after."""
+def fork_children(server: LiveServer, sandbox_id: str, count: int) -> list[str]:
+    """`POST /fork` for `count` forks; returns once all of them run, with their ids."""
     with server.client() as api:
-        start = time.perf_counter()
         response = api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": count}, timeout=600)
-        elapsed = time.perf_counter() - start
-        assert response.status_code == 201, response.text
+    assert response.status_code == 201, response.text
     children = [r["sandbox"]["sandboxID"] for r in response.json() if "sandbox" in r]
     assert len(children) == count, response.text
+    return children
+
+
+def fork_seconds(server: LiveServer, sandbox_id: str, count: int) -> float:
+    """Seconds until `count` forks all run; they are killed after."""
+    start = time.perf_counter()
+    children = fork_children(server, sandbox_id, count)
+    elapsed = time.perf_counter() - start
     kill_all(server, children)
     return elapsed
 

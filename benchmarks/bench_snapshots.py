@@ -20,7 +20,7 @@ from typing import Any
 
 from tests.live import LiveServer, vmm_pid
 
-from .bench_pause import fork_seconds, p50, p99
+from .bench_pause import fork_children, fork_seconds, p50, p99
 from .harness import create_to_first_output, echo_ready, kill_all, live_server, wait_snapshot
 
 
@@ -114,11 +114,8 @@ def clones_memory(server: LiveServer, snapshot: str, count: int) -> dict[str, fl
 def concurrent_resumes(server: LiveServer, sandbox_id: str, count: int) -> dict[str, float]:
     """Fork `count` sandboxes and pause them all, then resume them at once: the wall time
     until every connect answered, and each connect's own time."""
+    children = fork_children(server, sandbox_id, count)
     with server.client() as api:
-        response = api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": count}, timeout=600)
-        assert response.status_code == 201, response.text
-        children = [r["sandbox"]["sandboxID"] for r in response.json() if "sandbox" in r]
-        assert len(children) == count, response.text
         for child in children:
             assert api.post(f"/sandboxes/{child}/pause", json={}).status_code == 204
 
