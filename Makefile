@@ -14,6 +14,14 @@ system-deps:
 	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+	@# Clones map a snapshot's RAM privately; QEMU before 8.2 punches holes into such a file
+	@# when a guest frees memory (docs/snapshots.md). Debian 12 gets a newer one from backports.
+	@if dpkg --compare-versions "$$(dpkg-query -W -f='$${Version}' qemu-system-x86)" lt 1:8.2; then \
+	  . /etc/os-release; echo "installing QEMU from $$VERSION_CODENAME-backports"; \
+	  echo "deb http://deb.debian.org/debian $$VERSION_CODENAME-backports main" \
+	    > /etc/apt/sources.list.d/aenv-backports.list; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends -t $$VERSION_CODENAME-backports qemu-system-x86 qemu-utils; fi
 
 $(STAMP): pyproject.toml | system-deps
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -19,7 +19,7 @@ from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
 from agentenv.runtime.bootsnap import complete_snapshots
 from agentenv.storage.blockd import BlockdClient
-from agentenv.vmm.qemu import run_dir_for
+from agentenv.vmm.qemu import qemu_version_name, run_dir_for
 
 from .netlab import remove_host_chains
 
@@ -203,7 +203,8 @@ def boot_snapshot(server: LiveServer, memory_mb: int) -> Path | None:
     cfg = load_config(env=server.env)
     kit = load_kit(cfg)
     assert kit is not None
-    found = complete_snapshots(cfg.kit_dir / "boot-snapshots", kit.version)
+    root = cfg.kit_dir / "boot-snapshots"
+    found = complete_snapshots(root, kit.version, qemu_version_name(cfg.vmm.qemu_binary))
     return next((path for path, meta in found.items() if meta["memory_mb"] == memory_mb), None)
 
 

@@ -184,8 +184,10 @@ def check_boot_snapshots(cfg: Config, kit: Any) -> Check:
     if kit is None:
         return Check(name, False, "none without a kit", "aenv kit build", required=False)
     from agentenv.runtime.bootsnap import complete_snapshots
+    from agentenv.vmm.qemu import qemu_version_name
 
-    found = complete_snapshots(cfg.kit_dir / "boot-snapshots", kit.version)
+    root = cfg.kit_dir / "boot-snapshots"
+    found = complete_snapshots(root, kit.version, qemu_version_name(cfg.vmm.qemu_binary))
     if not found:
         detail = "none yet; the server builds one when it starts, and boots sandboxes until then"
         return Check(name, False, detail, "start the server and wait a minute", required=False)

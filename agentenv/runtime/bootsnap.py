@@ -33,7 +33,7 @@ DISK_BYTES = 64 * 2**30
 # The agent's log line once it serves requests (it reaches the serial console).
 AGENT_READY = b"aenv agent listening"
 # Bump when what a snapshot holds changes in a way the key does not capture.
-FORMAT = 2
+FORMAT = 3
 # In a VM's workdir: the host's /init secret, which the guest reads through its VMM.
 INIT_SECRET_FILE = "init-secret"
 
@@ -55,9 +55,13 @@ def _finished(root: Path) -> dict[Path, dict]:
     return found
 
 
-def complete_snapshots(root: Path, kit_version: str) -> dict[Path, dict]:
-    """The finished snapshots of one kit under `root`, with their `meta.json`."""
-    return {path: m for path, m in _finished(root).items() if m.get("kit") == kit_version}
+def complete_snapshots(root: Path, kit_version: str, vmm_version: str) -> dict[Path, dict]:
+    """The finished snapshots of one kit and VMM under `root`, with their `meta.json`."""
+    return {
+        path: meta
+        for path, meta in _finished(root).items()
+        if (meta.get("kit"), meta.get("vmm")) == (kit_version, vmm_version)
+    }
 
 
 def sandbox_vm(
@@ -117,7 +121,8 @@ class BootSnapshots:
         self._builds: dict[str, asyncio.Task[None]] = {}
 
     def key(self, shape: Shape) -> str:
-        doc = [FORMAT, self.kit.version, self.accel, shape.vcpus, shape.memory_mb]
+        doc = [FORMAT, self.kit.version, self.driver.version, self.accel, shape.vcpus]
+        doc.append(shape.memory_mb)
         doc += [self.kernel_args, DISK_BYTES]
         return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:24]
 
@@ -196,6 +201,7 @@ class BootSnapshots:
             await destroy_network(netns)
         placeholder.unlink()
         meta = {"key": key, "kit": self.kit.version, "kernel_args": self.kernel_args}
+        meta |= {"vmm": self.driver.version}
         meta |= {"vcpus": shape.vcpus}
         meta |= {"memory_mb": shape.memory_mb, "disk_bytes": DISK_BYTES}
         (work / "meta.json").write_text(json.dumps(meta))
@@ -217,9 +223,10 @@ class BootSnapshots:
     def _prune(self, keep: str) -> None:
         """Remove snapshots of other kits or kernel arguments: never restored again."""
         for path, meta in _finished(self.root).items():
-            current = (meta.get("kit"), meta.get("kernel_args")) == (
+            current = (meta.get("kit"), meta.get("kernel_args"), meta.get("vmm")) == (
                 self.kit.version,
                 self.kernel_args,
+                self.driver.version,
             )
             if path.name != keep and not current:
                 shutil.rmtree(path, ignore_errors=True)

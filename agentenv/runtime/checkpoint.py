@@ -12,13 +12,40 @@ from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
 from ..errors import Conflict, Unavailable
 from ..guest.kit import Kit
+from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmError
 from ..vmm.qemuimg import copy_sparse
 from .cleanup import CleanupStack
 from .manager import FILESYSTEM, SandboxManager
 
 DISK = "rootfs.qcow2"
-MEMORY = "memory"
+MEMORY = guestram.OWN
+
+
+def _copy_files(workdir: Path, state_dir: Path, dest: Path, memory: bool) -> None:
+    """Blocking: a stopped VM's disk and, with `memory`, its RAM as one whole file."""
+    copy_sparse(workdir / DISK, dest / DISK)
+    if memory:
+        guestram.copy_whole(workdir, state_dir, dest / MEMORY)
+
+
+def _copy_frozen(workdir: Path, dest: Path, memory: bool) -> None:
+    """Blocking, while the source is frozen: its disk and, with `memory`, its RAM file,
+    or just a link to the snapshot RAM it maps (the pages it wrote are in `dest` already,
+    and the base never changes, so they are made whole after it runs on)."""
+    copy_sparse(workdir / DISK, dest / DISK)
+    if not memory:
+        return
+    if not (guestram.maps_base(workdir) and guestram.link_base(workdir / guestram.BASE, dest)):
+        guestram.copy_whole(workdir, dest, dest / MEMORY)
+
+
+def _make_ram_whole(dest: Path) -> None:
+    """Blocking: a checkpoint's base and delta made into one whole RAM file."""
+    if guestram.maps_base(dest):
+        guestram.copy_whole(dest, dest, dest / MEMORY)
+    (dest / guestram.BASE).unlink(missing_ok=True)
+    (dest / guestram.DELTA).unlink(missing_ok=True)
 
 
 async def take_checkpoint(
@@ -34,19 +61,20 @@ async def take_checkpoint(
         await manager.flush_guest(source)
     dest.mkdir(parents=True)
     try:
-        if memory:
-            await manager.driver.pause(handle, dest)
-        else:
-            await manager.driver.freeze(handle)
-        crash_point("checkpoint.frozen")
-        for name in (MEMORY, DISK) if memory else (DISK,):
-            await asyncio.to_thread(copy_sparse, workdir / name, dest / name)
+        try:
+            if memory:
+                await manager.driver.pause(handle, dest)
+            else:
+                await manager.driver.freeze(handle)
+            crash_point("checkpoint.frozen")
+            await asyncio.to_thread(_copy_frozen, workdir, dest, memory)
+        finally:
+            await manager.driver.resume(handle)
+        await asyncio.to_thread(_make_ram_whole, dest)
         crash_point("checkpoint.copied")
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, dest, True)
         raise
-    finally:
-        await manager.driver.resume(handle)
 
 
 async def copy_paused(
@@ -65,12 +93,13 @@ async def copy_paused(
         )
     workdir = manager.workdir(source.sandbox_id)
     dest.mkdir(parents=True)
+    state_dir = manager.snapshot_dir(source.sandbox_id)
     try:
-        for name in (MEMORY, DISK) if memory else (DISK,):
-            await asyncio.to_thread(copy_sparse, workdir / name, dest / name)
+        await asyncio.to_thread(_copy_files, workdir, state_dir, dest, memory)
         if memory:
-            for path in manager.snapshot_dir(source.sandbox_id).iterdir():
-                await asyncio.to_thread(copy_sparse, path, dest / path.name)
+            for path in state_dir.iterdir():
+                if path.name != guestram.DELTA:
+                    await asyncio.to_thread(copy_sparse, path, dest / path.name)
         crash_point("checkpoint.copied")
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, dest, True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..config import SandboxConfig
 from ..errors import Unavailable
 from ..guest.client import AgentClient
+from ..vmm import guestram
 from ..vmm.driver import Launched, VmHandle, VmmDriver, VmmError, VmSpec
 from .bootsnap import BootSnapshots, Shape
 
@@ -93,7 +94,7 @@ class VmLauncher:
 
     async def _boot_fresh(self, spec: VmSpec, agent: AgentClient) -> VmHandle:
         """Boot after a failed restore, without its RAM and with its console kept aside."""
-        (spec.workdir / "memory").unlink(missing_ok=True)
+        guestram.drop(spec.workdir)
         with contextlib.suppress(FileNotFoundError):
             (spec.workdir / "console.log").rename(spec.workdir / "console.restore.log")
         return await self.boot(spec, agent)

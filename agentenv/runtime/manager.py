@@ -39,6 +39,7 @@ from ..net.netns import (
     plan_network,
 )
 from ..net.policy import egress_policy
+from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
 from ..vmm.qemuimg import create_qcow2, qcow2_virtual_size
 from .admission import Demand, admit, host_capacity
@@ -531,7 +532,7 @@ class SandboxManager:
         if record.pause_mode == FILESYSTEM:
             return (workdir / "rootfs.qcow2").is_file()
         snapshot = self.snapshot_dir(record.sandbox_id)
-        return self.driver.saved_state_intact(snapshot) and (workdir / "memory").is_file()
+        return self.driver.saved_state_intact(snapshot) and guestram.holds_ram(workdir, snapshot)
 
     def snapshot_dir(self, sandbox_id: str) -> Path:
         return self.workdir(sandbox_id) / "snapshot"

@@ -16,6 +16,7 @@ from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
 from ..errors import Unavailable
 from ..storage.objectstore import ObjectStore, ObjectStoreError
+from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmError
 from .bootsnap import read_init_secret, write_init_secret
 from .cleanup import CleanupStack
@@ -75,7 +76,7 @@ class SandboxPauses:
     def _drop_memory(self, record: SandboxRecord) -> None:
         """Forget a stopped guest's RAM and device state: only its disk is kept."""
         shutil.rmtree(self.manager.snapshot_dir(record.sandbox_id), ignore_errors=True)
-        (self.manager.workdir(record.sandbox_id) / "memory").unlink(missing_ok=True)
+        guestram.drop(self.manager.workdir(record.sandbox_id))
 
     async def connect(
         self, sandbox_id: str, timeout: int, memory: bool = True
@@ -127,6 +128,8 @@ class SandboxPauses:
     async def _fetch(self, record: SandboxRecord) -> None:
         workdir = self.manager.workdir(record.sandbox_id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+        # What is fetched is whole RAM; a base left from before must not shadow it.
+        await asyncio.to_thread(guestram.drop, workdir)
         if read_init_secret(workdir) is None:
             write_init_secret(workdir)
         try:

@@ -23,6 +23,7 @@ from ..storage.filelayer import load_chain, materialize, store_file
 from ..storage.gc import WriteLease
 from ..storage.layer import BLOCK_SIZE
 from ..storage.objectstore import ObjectStore
+from ..vmm import guestram
 from .checkpoint import DISK, MEMORY
 from .lifecycle import AT_REST
 from .manager import FILESYSTEM, SandboxManager
@@ -47,7 +48,8 @@ def saved_files(files_dir: Path, state_dir: Path, memory: bool) -> dict[str, Pat
     if memory:
         files[MEMORY] = files_dir / MEMORY
         for path in sorted(state_dir.iterdir()):
-            if path.is_file() and path.name not in (DISK, MEMORY):
+            # A delta is stored inside the RAM it belongs to (`upload_paused`).
+            if path.is_file() and path.name not in (DISK, MEMORY, guestram.DELTA):
                 files[_STATE_PREFIX + path.name] = path
     return files
 
@@ -63,6 +65,18 @@ def upload_files(
         layers[name], size = store_file(store, path, parents.get(name), block_size)
         written += size
     return layers, written
+
+
+def upload_paused(
+    store: ObjectStore, workdir: Path, state_dir: Path, memory: bool, parents: dict[str, str]
+) -> tuple[dict[str, str], int]:
+    """Blocking: a paused sandbox's files as layers, its RAM as one whole file even where
+    it maps a snapshot's; the layers and bytes written."""
+    files = saved_files(workdir, state_dir, memory)
+    if not memory:
+        return upload_files(store, files, parents)
+    with guestram.whole_file(workdir, state_dir) as ram:
+        return upload_files(store, {**files, MEMORY: ram}, parents)
 
 
 def fetch_files(
@@ -143,14 +157,14 @@ class Uploads:
 
     async def _upload_sandbox(self, record: SandboxRecord) -> None:
         manager = self.manager
-        files = saved_files(
-            manager.workdir(record.sandbox_id),
-            manager.snapshot_dir(record.sandbox_id),
-            memory=record.pause_mode != FILESYSTEM,
-        )
         async with self.lease():
             layers, written = await asyncio.to_thread(
-                upload_files, self.store, files, record.layers
+                upload_paused,
+                self.store,
+                manager.workdir(record.sandbox_id),
+                manager.snapshot_dir(record.sandbox_id),
+                record.pause_mode != FILESYSTEM,
+                record.layers,
             )
             crash_point("upload.stored")
             await manager.set_lineage(record.sandbox_id, layers, stored=True)

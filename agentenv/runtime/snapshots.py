@@ -22,6 +22,7 @@ from ..images.catalog import BASE, TemplateCatalog
 from ..images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
 from ..images.templates import validate_name
 from ..storage.objectstore import ObjectStoreError
+from ..vmm import guestram
 from ..vmm.driver import VmHandle
 from ..vmm.qemuimg import copy_sparse
 from .checkpoint import (
@@ -337,11 +338,13 @@ async def finish_rollback(manager: SandboxManager, record: SandboxRecord) -> boo
 def _move_into_place(committed: Path, workdir: Path, device_state: Path, memory: bool) -> None:
     """Disk and RAM into the work directory; the rest (device state) becomes its saved
     state. Each step is a rename, and a repeat skips what already moved."""
+    if not memory:
+        guestram.drop(workdir)
     for name in (DISK, MEMORY):
         if (committed / name).exists():
             (committed / name).rename(workdir / name)
-    if not memory:
-        (workdir / MEMORY).unlink(missing_ok=True)
+    # The snapshot's whole RAM is the sandbox's own now; a base it mapped is forgotten.
+    (workdir / guestram.BASE).unlink(missing_ok=True)
     shutil.rmtree(device_state, ignore_errors=True)
     committed.rename(device_state)
     (device_state / _ROLLBACK_META).unlink()

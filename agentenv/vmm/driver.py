@@ -72,6 +72,8 @@ class VmmDriver(Protocol):
     """Boot, stop, pause/snapshot, restore and balloon: the runtime sees nothing else."""
 
     name: str
+    # The VMM's name and version: saved states load only into the version that wrote them.
+    version: str
 
     async def boot(self, spec: VmSpec) -> VmHandle:
         """Start the VM; returns once the VMM is up (not the guest)."""

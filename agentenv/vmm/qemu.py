@@ -6,12 +6,15 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import re
 import shlex
 import signal
 import socket
+import subprocess
 from pathlib import Path
 
 from ..crashpoints import crash_point
+from . import guestram, migstream
 from .driver import Launched, VmHandle, VmmError, VmSpec
 from .qemuimg import copy_sparse
 from .qmp import QmpClient
@@ -37,6 +40,31 @@ _MIGRATE_DEADLINE_S = 60.0
 # A VM's saved device state; renamed once a guest restored in place has run from it.
 VMSTATE = "vmstate"
 CONSUMED_VMSTATE = "vmstate.consumed"
+# In the work directory of a VM that maps a snapshot's RAM: the head of that snapshot's
+# saved state, which its own device state is spliced onto when it pauses.
+STREAM_HEAD = "vmstate.head"
+# Device sections alone, as `xen-save-devices-state` writes them, until spliced.
+_DEVICE_STATE = "devices.partial"
+# QEMU opens a RAM file read-only for a writable private mapping (`readonly=on,rom=off`)
+# from 8.2 on; before, a balloon discard punched holes into the file under every clone.
+_PRIVATE_RAM_SINCE = (8, 2)
+
+
+def qemu_version_name(binary: str) -> str:
+    """What a driver for `binary` calls its version, e.g. "qemu 10.0.2"."""
+    return "qemu " + ".".join(map(str, qemu_version(binary)))
+
+
+def qemu_version(binary: str) -> tuple[int, ...]:
+    """`qemu-system-x86_64 --version` as numbers, e.g. (10, 0, 2); () if it cannot tell."""
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    match = re.search(r"version (\d+)\.(\d+)\.(\d+)", out)
+    return tuple(int(part) for part in match.groups()) if match else ()
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int | None:
@@ -77,22 +105,30 @@ def build_command(
     run_dir: Path = RUN_DIR,
     *,
     incoming: bool = False,
+    ram_base: Path | None = None,
 ) -> list[str]:
     """The full QEMU command line for `spec` (pure, so it is unit-tested).
 
     `incoming`: wait for a saved state instead of booting (the command line must describe
-    the same devices as the VM that was saved).
+    the same devices as the VM that was saved), and stay stopped once it is loaded.
+    `ram_base`: map this snapshot RAM file privately instead of the VM's own RAM file.
     """
     workdir = spec.workdir
+    if ram_base is None:
+        # Guest RAM lives in a file so that pause/snapshot never copies it.
+        ram = f"mem-path={workdir / guestram.OWN},share=on"
+    else:
+        # Copy-on-write: the pages no guest wrote stay shared with every other mapper. The
+        # file is opened read-only: a balloon discard (which QEMU does by punching holes,
+        # even in a private mapping) fails instead of zeroing pages under every clone.
+        ram = f"mem-path={ram_base},share=off,readonly=on,rom=off"
     args = [
         qemu,
         "-name", spec.name,
         "-M", "microvm,acpi=on,memory-backend=ram",
         "-m", f"{spec.memory_mb}M",
         "-smp", str(spec.vcpus),
-        # Guest RAM lives in a file so that pause/snapshot never copies it.
-        "-object",
-        f"memory-backend-file,id=ram,size={spec.memory_mb}M,mem-path={workdir / 'memory'},share=on",
+        "-object", f"memory-backend-file,id=ram,size={spec.memory_mb}M,{ram}",
         "-nographic", "-nodefaults", "-no-reboot", "-no-user-config",
         "-serial", f"file:{workdir / 'console.log'}",
         "-qmp", f"unix:{qmp_socket(spec.name, run_dir)},server=on,wait=off",
@@ -123,7 +159,7 @@ def build_command(
         # A file, not a string: the command line is readable by every host user.
         args += ["-fw_cfg", f"name={name},file={path}"]
     if incoming:
-        args += ["-incoming", "defer"]
+        args += ["-S", "-incoming", "defer"]
     return args
 
 
@@ -172,6 +208,8 @@ class QemuDriver:
         self.run_dir = run_dir
         self._children: dict[int, asyncio.subprocess.Process] = {}
         self._tsc_khz = host_tsc_khz()
+        self.version = qemu_version_name(qemu_binary)
+        self.shares_snapshot_ram = qemu_version(qemu_binary) >= _PRIVATE_RAM_SINCE
 
     async def boot(self, spec: VmSpec) -> VmHandle:
         return await self._launch(spec, incoming=False)
@@ -179,21 +217,28 @@ class QemuDriver:
     async def restore(
         self, spec: VmSpec, snapshot_dir: Path, launched: Launched | None = None
     ) -> VmHandle:
-        spec.workdir.mkdir(parents=True, exist_ok=True)
-        # A clone writes its own RAM: copy the snapshot's (sparse) memory file. A paused VM
-        # has none there: its own RAM file in its workdir is still what it was.
-        in_place = not (snapshot_dir / "memory").exists()
+        workdir = spec.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        # A clone starts from the snapshot's RAM file; a paused VM has none there: its RAM
+        # is in its work directory still (its own file, or a base and the delta it wrote).
+        in_place = not (snapshot_dir / guestram.OWN).exists()
         if not in_place:
             try:
-                await asyncio.to_thread(
-                    copy_sparse, snapshot_dir / "memory", spec.workdir / "memory"
-                )
-            except OSError as exc:
-                raise VmmError(f"copying the snapshot's memory failed: {exc}") from exc
-        handle = await self._launch(spec, incoming=True)
+                await asyncio.to_thread(self._take_snapshot_ram, snapshot_dir, workdir)
+            except (OSError, migstream.StreamError) as exc:
+                raise VmmError(f"taking the snapshot's memory failed: {exc}") from exc
+        base = workdir / guestram.BASE if guestram.maps_base(workdir) else None
+        handle = await self._launch(spec, incoming=True, ram_base=base)
         try:
             if launched is not None:
                 await launched(handle)
+            if base is not None and in_place:
+                try:
+                    await asyncio.to_thread(
+                        guestram.load_delta, handle.pid, base, snapshot_dir / guestram.DELTA
+                    )
+                except OSError as exc:
+                    raise VmmError(f"writing the guest's saved pages back failed: {exc}") from exc
             client = await QmpClient.connect(Path(handle.extra["qmp"]))
             try:
                 await _ignore_shared_ram(client)
@@ -214,6 +259,16 @@ class QemuDriver:
             await self.stop(handle)
             raise
         return handle
+
+    def _take_snapshot_ram(self, snapshot_dir: Path, workdir: Path) -> None:
+        """Map the snapshot's RAM file where QEMU can (its pages stay shared), else copy it."""
+        if self.shares_snapshot_ram and guestram.link_base(snapshot_dir / guestram.OWN, workdir):
+            (workdir / guestram.OWN).unlink(missing_ok=True)
+            head = migstream.head((snapshot_dir / VMSTATE).read_bytes())
+            (workdir / STREAM_HEAD).write_bytes(head)
+            return
+        guestram.drop(workdir)
+        copy_sparse(snapshot_dir / guestram.OWN, workdir / guestram.OWN)
 
     async def _continue_restored(
         self, client: QmpClient, snapshot_dir: Path, in_place: bool
@@ -237,13 +292,21 @@ class QemuDriver:
     def saved_state_intact(self, snapshot_dir: Path) -> bool:
         return (snapshot_dir / VMSTATE).is_file()
 
-    async def _launch(self, spec: VmSpec, *, incoming: bool) -> VmHandle:
+    async def _launch(
+        self, spec: VmSpec, *, incoming: bool, ram_base: Path | None = None
+    ) -> VmHandle:
         spec.workdir.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         control = qmp_socket(spec.name, self.run_dir)
         control.unlink(missing_ok=True)
         command = build_command(
-            self.qemu_binary, self.accel, spec, self._tsc_khz, self.run_dir, incoming=incoming
+            self.qemu_binary,
+            self.accel,
+            spec,
+            self._tsc_khz,
+            self.run_dir,
+            incoming=incoming,
+            ram_base=ram_base,
         )
         if spec.netns:
             command = ["nsenter", f"--net=/run/netns/{spec.netns}", "--", *command]
@@ -264,6 +327,8 @@ class QemuDriver:
             accel=self.accel,
             extra={"qmp": str(control)},
         )
+        if ram_base is not None:
+            handle.extra["ram_base"] = str(ram_base)
         try:
             client = await QmpClient.connect(Path(handle.extra["qmp"]), timeout=10.0)
             await client.close()
@@ -356,6 +421,9 @@ class QemuDriver:
         client = await QmpClient.connect(Path(handle.extra["qmp"]))
         try:
             await client.execute("stop")
+            if "ram_base" in handle.extra:
+                await self._save_private(client, handle, snapshot_dir)
+                return
             await _ignore_shared_ram(client)
             # The state gets its name only once it is whole: a crash never leaves a torn one.
             target = f"cat > {shlex.quote(str(partial))} && mv -f {shlex.quote(str(partial))} "
@@ -378,6 +446,35 @@ class QemuDriver:
             raise VmmError(f"saving device state: not done in {_MIGRATE_DEADLINE_S:.0f}s") from None
         finally:
             await client.close()
+
+    async def _save_private(self, client: QmpClient, handle: VmHandle, snapshot_dir: Path) -> None:
+        """Save a stopped VM that maps a snapshot's RAM: the pages it wrote, and its device
+        sections spliced onto the snapshot's stream head (`migrate` would send all RAM)."""
+        devices = snapshot_dir / _DEVICE_STATE
+        await client.execute("xen-save-devices-state", {"filename": str(devices), "live": False})
+        try:
+            await asyncio.to_thread(self._write_private_state, handle, snapshot_dir, devices)
+        except (OSError, migstream.StreamError) as exc:
+            raise VmmError(f"saving the guest's memory failed: {exc}") from exc
+        finally:
+            devices.unlink(missing_ok=True)
+
+    @staticmethod
+    def _write_private_state(handle: VmHandle, snapshot_dir: Path, devices: Path) -> None:
+        workdir = Path(handle.workdir)
+        delta = snapshot_dir / guestram.DELTA
+        partial = delta.with_name(delta.name + ".partial")
+        guestram.save_delta(handle.pid, Path(handle.extra["ram_base"]), partial)
+        partial.rename(delta)
+        stream = migstream.splice((workdir / STREAM_HEAD).read_bytes(), devices.read_bytes())
+        state = snapshot_dir / VMSTATE
+        partial = state.with_name(state.name + ".partial")
+        with open(partial, "wb") as out:
+            out.write(stream)
+            out.flush()
+            os.fsync(out.fileno())
+        # Named last: a whole state is one whose delta is in place.
+        partial.rename(state)
 
     async def freeze(self, handle: VmHandle) -> None:
         # `stop` returns once the vCPUs are stopped and in-flight block requests drained.

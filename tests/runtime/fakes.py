@@ -28,6 +28,7 @@ class FakeDriver:
     """VMs as pids in a set; `fail[op]` makes an operation raise, `gate[op]` holds it."""
 
     name = "fake"
+    version = "fake 1"
 
     def __init__(self) -> None:
         self.alive: dict[int, Path] = {}

@@ -18,8 +18,9 @@ class StubDriver:
 
     name = "stub"
 
-    def __init__(self, leftovers: dict[Path, int]) -> None:
+    def __init__(self, leftovers: dict[Path, int], version: str = "stub 1") -> None:
         self.leftovers = leftovers
+        self.version = version
         self.killed: list[int] = []
         self.boots = 0
 
@@ -39,15 +40,16 @@ def _snapshots(root: Path, driver: StubDriver, kernel_args: str = "aenv.ip=1") -
     return BootSnapshots(root, kit, driver, kernel_args, "tcg", 5.0)  # type: ignore[arg-type]
 
 
-def test_key_covers_shape_and_kernel_arguments(tmp_path: Path) -> None:
+def test_key_covers_shape_kernel_arguments_and_vmm_version(tmp_path: Path) -> None:
     snaps = _snapshots(tmp_path, StubDriver({}))
     keys = {
         snaps.key(Shape(1, 256)),
         snaps.key(Shape(2, 256)),
         snaps.key(Shape(1, 512)),
         _snapshots(tmp_path, StubDriver({}), "aenv.ip=2").key(Shape(1, 256)),
+        _snapshots(tmp_path, StubDriver({}, "stub 2")).key(Shape(1, 256)),
     }
-    assert len(keys) == 4
+    assert len(keys) == 5
     assert snaps.key(Shape(1, 256)) == _snapshots(tmp_path, StubDriver({})).key(Shape(1, 256))
 
 

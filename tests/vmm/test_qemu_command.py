@@ -54,8 +54,17 @@ def test_host_tsc_khz_needs_a_constant_tsc() -> None:
 def test_incoming_waits_for_a_saved_state_with_the_same_devices(tmp_path: Path) -> None:
     booted = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path), 2445406)
     restored = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path), 2445406, incoming=True)
-    assert restored[-2:] == ["-incoming", "defer"]
-    assert restored[:-2] == booted
+    # Stopped once loaded: the runtime decides when the guest runs.
+    assert restored[-3:] == ["-S", "-incoming", "defer"]
+    assert restored[:-3] == booted
+
+
+def test_a_clone_maps_the_snapshots_ram_privately(tmp_path: Path) -> None:
+    base = tmp_path / "memory.base"
+    cmd = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path), incoming=True, ram_base=base)
+    backend = cmd[cmd.index("-object") + 1]
+    # Opened read-only, mapped copy-on-write: nothing the guest does reaches the file.
+    assert backend.endswith(f"mem-path={base},share=off,readonly=on,rom=off")
 
 
 def test_copy_sparse_keeps_holes_and_bytes(tmp_path: Path) -> None:
