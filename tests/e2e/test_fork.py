@@ -6,7 +6,7 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import SandboxException
 
-from ..live import TEST_KEY, HostResources, LiveServer
+from ..live import TEST_KEY, HostResources, LiveServer, wait_for
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
 
@@ -43,7 +43,8 @@ def test_forks_continue_from_the_checkpoint_and_diverge(server: LiveServer) -> N
             # Disk, memory and processes as they were at the checkpoint, still running.
             assert child.commands.run("cat ~/state; echo $FROM_PARENT").stdout == "parent\nyes\n"
             first = ticks(child)
-            assert ticks(child) > first
+            # Still counting (two reads can fall inside one of its 0.1 s sleeps).
+            assert wait_for(lambda child=child, first=first: ticks(child) > first, 10)
             draws.add(child.commands.run("head -c 16 /dev/urandom | od -An -tx1").stdout)
         assert len(draws) == 2  # each fork reseeded its random generator
         # Each one's disk is its own from here on.
