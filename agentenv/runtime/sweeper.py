@@ -24,6 +24,8 @@ async def sweep_once(pauses: SandboxPauses) -> None:
         expired = record.end_at <= now()
         handle = VmHandle.from_dict(record.vm) if record.vm is not None else None
         dead = handle is not None and not manager.driver.is_alive(handle)
+        if handle is not None and not dead:
+            manager.driver.trim_log(handle)
         if not (expired or dead):
             continue
         if dead:

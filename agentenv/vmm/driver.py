@@ -124,6 +124,11 @@ class VmmDriver(Protocol):
         """True while `snapshot_dir` holds a whole saved state no guest has run from."""
         ...
 
+    def trim_log(self, handle: VmHandle) -> None:
+        """Cut the VMM's own log back when it outgrew its limit (a guest can make its VMM
+        log errors as fast as it likes)."""
+        ...
+
     async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:
         """Ask the guest to shrink (or grow back) to `target_mb` of RAM."""
         ...

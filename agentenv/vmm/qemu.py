@@ -43,6 +43,9 @@ CONSUMED_VMSTATE = "vmstate.consumed"
 # In the work directory of a VM that maps a snapshot's RAM: the head of that snapshot's
 # saved state, which its own device state is spliced onto when it pauses.
 STREAM_HEAD = "vmstate.head"
+# A VMM's log is cut back to its first part (startup errors) once it outgrows the limit.
+LOG_LIMIT = 1024 * 1024
+_LOG_KEPT = 64 * 1024
 # Device sections alone, as `xen-save-devices-state` writes them, until spliced.
 _DEVICE_STATE = "devices.partial"
 # QEMU opens a RAM file read-only for a writable private mapping (`readonly=on,rom=off`)
@@ -181,6 +184,19 @@ async def _ignore_shared_ram(client: QmpClient) -> None:
         "migrate-set-capabilities",
         {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
     )
+
+
+def trim_log(path: Path) -> None:
+    """Cut `path` back to its first part once it is over LOG_LIMIT. QEMU appends
+    (`O_APPEND`), so what it writes next lands after the cut."""
+    try:
+        if path.stat().st_size <= LOG_LIMIT:
+            return
+        os.truncate(path, _LOG_KEPT)
+        with open(path, "ab") as log:
+            log.write(b"\n[aenv: log over its limit; cut here]\n")
+    except OSError:
+        pass
 
 
 def _log_tail(workdir: Path) -> str:
@@ -482,6 +498,9 @@ class QemuDriver:
 
     async def resume(self, handle: VmHandle) -> None:
         await self._qmp(handle, "cont")
+
+    def trim_log(self, handle: VmHandle) -> None:
+        trim_log(Path(handle.workdir) / "vmm.log")
 
     async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:
         await self._qmp(handle, "balloon", {"value": target_mb * 1024 * 1024})

@@ -101,6 +101,9 @@ class FakeDriver:
     def saved_state_intact(self, snapshot_dir: Path) -> bool:
         return (snapshot_dir / VMSTATE).is_file()
 
+    def trim_log(self, handle: VmHandle) -> None:
+        return None
+
     async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:
         return None
 

@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 
 from agentenv.vmm.driver import DiskSpec, VmSpec
-from agentenv.vmm.qemu import build_command, host_tsc_khz
+from agentenv.vmm.qemu import LOG_LIMIT, build_command, host_tsc_khz, trim_log
 from agentenv.vmm.qemuimg import copy_sparse
 
 
@@ -77,3 +77,22 @@ def test_copy_sparse_keeps_holes_and_bytes(tmp_path: Path) -> None:
     copy_sparse(src, dest)
     assert dest.read_bytes() == src.read_bytes()
     assert dest.stat().st_blocks * 512 < 2**20  # three small extents, not 64 MiB
+
+
+def test_a_vmm_log_over_its_limit_is_cut_back_and_appends_go_after_the_cut(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "vmm.log"
+    writer = open(log, "ab")  # as QEMU's stderr: appending
+    writer.write(b"startup error\n" + b"spam\n" * (LOG_LIMIT // 5))
+    writer.flush()
+    trim_log(log)
+    writer.write(b"after\n")
+    writer.close()
+    text = log.read_bytes()
+    assert len(text) < LOG_LIMIT // 8
+    assert text.startswith(b"startup error\n") and text.endswith(b"cut here]\nafter\n")
+    small = tmp_path / "small.log"
+    small.write_bytes(b"fine\n")
+    trim_log(small)
+    assert small.read_bytes() == b"fine\n"
