@@ -23,29 +23,11 @@ MEMORY = guestram.OWN
 
 
 def _copy_files(workdir: Path, state_dir: Path, dest: Path, memory: bool) -> None:
-    """Blocking: a stopped VM's disk and, with `memory`, its RAM as one whole file."""
+    """Blocking: a stopped VM's disk and, with `memory`, its RAM: a copy of its own file,
+    or a link to the snapshot RAM it maps (the pages it wrote are in its delta)."""
     copy_sparse(workdir / DISK, dest / DISK)
     if memory:
-        guestram.copy_whole(workdir, state_dir, dest / MEMORY)
-
-
-def _copy_frozen(workdir: Path, dest: Path, memory: bool) -> None:
-    """Blocking, while the source is frozen: its disk and, with `memory`, its RAM file,
-    or just a link to the snapshot RAM it maps (the pages it wrote are in `dest` already,
-    and the base never changes, so they are made whole after it runs on)."""
-    copy_sparse(workdir / DISK, dest / DISK)
-    if not memory:
-        return
-    if not (guestram.maps_base(workdir) and guestram.link_base(workdir / guestram.BASE, dest)):
-        guestram.copy_whole(workdir, dest, dest / MEMORY)
-
-
-def _make_ram_whole(dest: Path) -> None:
-    """Blocking: a checkpoint's base and delta made into one whole RAM file."""
-    if guestram.maps_base(dest):
-        guestram.copy_whole(dest, dest, dest / MEMORY)
-    (dest / guestram.BASE).unlink(missing_ok=True)
-    (dest / guestram.DELTA).unlink(missing_ok=True)
+        guestram.keep(workdir, state_dir, dest)
 
 
 async def take_checkpoint(
@@ -61,20 +43,18 @@ async def take_checkpoint(
         await manager.flush_guest(source)
     dest.mkdir(parents=True)
     try:
-        try:
-            if memory:
-                await manager.driver.pause(handle, dest)
-            else:
-                await manager.driver.freeze(handle)
-            crash_point("checkpoint.frozen")
-            await asyncio.to_thread(_copy_frozen, workdir, dest, memory)
-        finally:
-            await manager.driver.resume(handle)
-        await asyncio.to_thread(_make_ram_whole, dest)
+        if memory:
+            await manager.driver.pause(handle, dest)
+        else:
+            await manager.driver.freeze(handle)
+        crash_point("checkpoint.frozen")
+        await asyncio.to_thread(_copy_files, workdir, dest, dest, memory)
         crash_point("checkpoint.copied")
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, dest, True)
         raise
+    finally:
+        await manager.driver.resume(handle)
 
 
 async def copy_paused(
@@ -98,8 +78,7 @@ async def copy_paused(
         await asyncio.to_thread(_copy_files, workdir, state_dir, dest, memory)
         if memory:
             for path in state_dir.iterdir():
-                if path.name != guestram.DELTA:
-                    await asyncio.to_thread(copy_sparse, path, dest / path.name)
+                await asyncio.to_thread(copy_sparse, path, dest / path.name)
         crash_point("checkpoint.copied")
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, dest, True)
@@ -118,7 +97,7 @@ async def provision_from_checkpoint(
     workdir = manager.make_workdir(record, cleanup)
     await asyncio.to_thread(copy_sparse, checkpoint / DISK, workdir / DISK)
     await manager.make_network(record, cleanup)
-    if not (checkpoint / MEMORY).exists():
+    if not guestram.holds_ram(checkpoint, checkpoint):
         await manager.start_fresh_guest(record, kit, cleanup)
         return
     agent = manager.agent(record)

@@ -48,8 +48,8 @@ def saved_files(files_dir: Path, state_dir: Path, memory: bool) -> dict[str, Pat
     if memory:
         files[MEMORY] = files_dir / MEMORY
         for path in sorted(state_dir.iterdir()):
-            # A delta is stored inside the RAM it belongs to (`upload_paused`).
-            if path.is_file() and path.name not in (DISK, MEMORY, guestram.DELTA):
+            # A base and its delta are stored as the whole RAM they make (`upload_saved`).
+            if path.is_file() and path.name != DISK and path.name not in guestram.RAM_FILES:
                 files[_STATE_PREFIX + path.name] = path
     return files
 
@@ -67,11 +67,11 @@ def upload_files(
     return layers, written
 
 
-def upload_paused(
+def upload_saved(
     store: ObjectStore, workdir: Path, state_dir: Path, memory: bool, parents: dict[str, str]
 ) -> tuple[dict[str, str], int]:
-    """Blocking: a paused sandbox's files as layers, its RAM as one whole file even where
-    it maps a snapshot's; the layers and bytes written."""
+    """Blocking: a paused sandbox's or a snapshot's files as layers, the RAM as one whole
+    file even where it is a base and a delta; the layers and bytes written."""
     files = saved_files(workdir, state_dir, memory)
     if not memory:
         return upload_files(store, files, parents)
@@ -159,7 +159,7 @@ class Uploads:
         manager = self.manager
         async with self.lease():
             layers, written = await asyncio.to_thread(
-                upload_paused,
+                upload_saved,
                 self.store,
                 manager.workdir(record.sandbox_id),
                 manager.snapshot_dir(record.sandbox_id),
@@ -189,10 +189,14 @@ class Uploads:
         key = snapshot.snapshot_id
         while True:
             try:
-                files = saved_files(files_dir, files_dir, snapshot.memory)
                 async with self.lease():
                     snapshot.stored, written = await asyncio.to_thread(
-                        upload_files, self.store, files, snapshot.base
+                        upload_saved,
+                        self.store,
+                        files_dir,
+                        files_dir,
+                        snapshot.memory,
+                        snapshot.base,
                     )
                     await save(snapshot)
                 log.info("snapshot %s stored (%d bytes written)", key, written)

@@ -293,6 +293,10 @@ def _boot_id() -> str:
 def _stage(files: Path, staging: Path, snapshot: SnapshotRecord) -> None:
     staging.mkdir()
     for path in files.iterdir():
+        if path.name == guestram.WHOLE:
+            continue  # an upload's temporary file
+        if path.name == guestram.BASE and guestram.link_base(path, staging):
+            continue  # never written: shared, not copied
         copy_sparse(path, staging / path.name)
     meta = {
         "memory": snapshot.memory,
@@ -340,11 +344,16 @@ def _move_into_place(committed: Path, workdir: Path, device_state: Path, memory:
     state. Each step is a rename, and a repeat skips what already moved."""
     if not memory:
         guestram.drop(workdir)
-    for name in (DISK, MEMORY):
+    if (committed / DISK).exists():
+        (committed / DISK).rename(workdir / DISK)
+    # The snapshot's RAM replaces the sandbox's, whichever kind each is (its own file, or
+    # a base with the delta that stays among the saved state).
+    for name, other in ((MEMORY, guestram.BASE), (guestram.BASE, MEMORY)):
         if (committed / name).exists():
+            # Unlinked first: renaming one link of a file over another is a no-op.
+            for old in (other, name):
+                (workdir / old).unlink(missing_ok=True)
             (committed / name).rename(workdir / name)
-    # The snapshot's whole RAM is the sandbox's own now; a base it mapped is forgotten.
-    (workdir / guestram.BASE).unlink(missing_ok=True)
     shutil.rmtree(device_state, ignore_errors=True)
     committed.rename(device_state)
     (device_state / _ROLLBACK_META).unlink()

@@ -24,6 +24,10 @@ OWN = "memory"
 BASE = "memory.base"
 # In a saved state: the pages the guest wrote over BASE.
 DELTA = "memory.delta"
+# A whole RAM file made from BASE and DELTA for as long as something reads it.
+WHOLE = "memory.whole"
+# Every name above: a saved state's other files are device state.
+RAM_FILES = frozenset({OWN, BASE, DELTA, WHOLE})
 
 PAGE = 4096
 _MAGIC = b"AENVPGS1"
@@ -122,8 +126,6 @@ def save_delta(pid: int, base: Path, dest: Path) -> int:
             if len(data) != count * PAGE:
                 raise RamError(f"pid {pid}: short read of guest RAM")
             out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
     return len(pages)
 
 
@@ -167,6 +169,14 @@ def materialize(base: Path, delta: Path, dest: Path) -> None:
             os.pwrite(out.fileno(), data, first * PAGE)
 
 
+def keep(workdir: Path, state_dir: Path, dest: Path) -> None:
+    """Give `dest` a stopped VM's RAM as a saved state holds it: a link to the base it
+    maps (its delta is copied with the rest of `state_dir`), else a copy of its own file."""
+    if maps_base(workdir) and link_base(workdir / BASE, dest):
+        return
+    copy_whole(workdir, state_dir, dest / OWN)
+
+
 def copy_whole(workdir: Path, state_dir: Path, dest: Path) -> None:
     """Copy a paused (or stopped) VM's RAM to `dest` as one whole file."""
     if maps_base(workdir):
@@ -182,7 +192,7 @@ def whole_file(workdir: Path, state_dir: Path) -> Iterator[Path]:
     if not maps_base(workdir):
         yield workdir / OWN
         return
-    temporary = workdir / f"{OWN}.whole"
+    temporary = workdir / WHOLE
     copy_whole(workdir, state_dir, temporary)
     try:
         yield temporary

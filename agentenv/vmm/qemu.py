@@ -16,7 +16,6 @@ from pathlib import Path
 from ..crashpoints import crash_point
 from . import guestram, migstream
 from .driver import Launched, VmHandle, VmmError, VmSpec
-from .qemuimg import copy_sparse
 from .qmp import QmpClient
 
 # Unix socket paths must stay under 108 bytes, so control sockets live in a short
@@ -235,20 +234,28 @@ class QemuDriver:
     ) -> VmHandle:
         workdir = spec.workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        # A clone starts from the snapshot's RAM file; a paused VM has none there: its RAM
-        # is in its work directory still (its own file, or a base and the delta it wrote).
-        in_place = not (snapshot_dir / guestram.OWN).exists()
-        if not in_place:
-            try:
-                await asyncio.to_thread(self._take_snapshot_ram, snapshot_dir, workdir)
-            except (OSError, migstream.StreamError) as exc:
-                raise VmmError(f"taking the snapshot's memory failed: {exc}") from exc
-        base = workdir / guestram.BASE if guestram.maps_base(workdir) else None
+        # A clone starts from the snapshot's RAM (a whole file, or a base and a delta); a
+        # paused VM has none there: its RAM is in its work directory still.
+        in_place = not guestram.holds_ram(snapshot_dir, snapshot_dir)
+        try:
+            if in_place:
+                base = workdir / guestram.BASE if guestram.maps_base(workdir) else None
+                delta = base is not None
+            else:
+                base, delta = await asyncio.to_thread(
+                    self._take_snapshot_ram, snapshot_dir, workdir
+                )
+            if base is not None:
+                # Its next pause splices its device state onto this stream's head.
+                head = migstream.head((snapshot_dir / VMSTATE).read_bytes())
+                (workdir / STREAM_HEAD).write_bytes(head)
+        except (OSError, migstream.StreamError) as exc:
+            raise VmmError(f"taking the saved memory failed: {exc}") from exc
         handle = await self._launch(spec, incoming=True, ram_base=base)
         try:
             if launched is not None:
                 await launched(handle)
-            if base is not None and in_place:
+            if base is not None and delta:
                 try:
                     await asyncio.to_thread(
                         guestram.load_delta, handle.pid, base, snapshot_dir / guestram.DELTA
@@ -276,15 +283,17 @@ class QemuDriver:
             raise
         return handle
 
-    def _take_snapshot_ram(self, snapshot_dir: Path, workdir: Path) -> None:
-        """Map the snapshot's RAM file where QEMU can (its pages stay shared), else copy it."""
-        if self.shares_snapshot_ram and guestram.link_base(snapshot_dir / guestram.OWN, workdir):
-            (workdir / guestram.OWN).unlink(missing_ok=True)
-            head = migstream.head((snapshot_dir / VMSTATE).read_bytes())
-            (workdir / STREAM_HEAD).write_bytes(head)
-            return
+    def _take_snapshot_ram(self, snapshot_dir: Path, workdir: Path) -> tuple[Path | None, bool]:
+        """Map the snapshot's RAM file (or the base under its delta) where QEMU can: its
+        pages stay shared; else make the clone a whole copy of its own. Returns the base
+        to map, if any, and whether the snapshot's delta goes over it."""
         guestram.drop(workdir)
-        copy_sparse(snapshot_dir / guestram.OWN, workdir / guestram.OWN)
+        whole = (snapshot_dir / guestram.OWN).exists()
+        source = snapshot_dir / (guestram.OWN if whole else guestram.BASE)
+        if self.shares_snapshot_ram and guestram.link_base(source, workdir):
+            return workdir / guestram.BASE, not whole
+        guestram.copy_whole(snapshot_dir, snapshot_dir, workdir / guestram.OWN)
+        return None, False
 
     async def _continue_restored(
         self, client: QmpClient, snapshot_dir: Path, in_place: bool
@@ -485,11 +494,10 @@ class QemuDriver:
         stream = migstream.splice((workdir / STREAM_HEAD).read_bytes(), devices.read_bytes())
         state = snapshot_dir / VMSTATE
         partial = state.with_name(state.name + ".partial")
-        with open(partial, "wb") as out:
-            out.write(stream)
-            out.flush()
-            os.fsync(out.fileno())
-        # Named last: a whole state is one whose delta is in place.
+        partial.write_bytes(stream)
+        # Named last: a whole state is one whose delta is in place. Neither is synced to
+        # disk, like a VM's own RAM file: a pause outlives a crash of any process, and a
+        # power loss ends the guests anyway.
         partial.rename(state)
 
     async def freeze(self, handle: VmHandle) -> None:

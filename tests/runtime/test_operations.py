@@ -4,6 +4,7 @@ names, with nothing left behind."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -233,6 +234,24 @@ async def test_recovery_finishes_a_committed_rollback(h: Harness) -> None:
     assert (workdir / "rootfs.qcow2").read_text() == "snapshot disk"
     assert (h.manager.snapshot_dir(sid) / "vmstate").read_text() == "device state"
     assert not committed.exists()
+
+
+async def test_a_rollback_to_a_base_the_sandbox_already_maps_moves_it_out(h: Harness) -> None:
+    """A clone rolled back to a snapshot of the same base: both are links of one file,
+    and renaming one link over another does nothing, so the saved state must not keep it."""
+    sid = await crashed_in(h, State.ROLLING_BACK, saved=False, alive=True)
+    workdir = h.manager.workdir(sid)
+    (workdir / "memory.base").write_text("boot snapshot ram")
+    committed = workdir / "rollback"
+    committed.mkdir()
+    os.link(workdir / "memory.base", committed / "memory.base")
+    (committed / "memory.delta").write_text("pages")
+    (committed / "vmstate").write_text("device state")
+    (committed / "rollback.json").write_text('{"memory": true, "kit": "kit1"}')
+    await recover(h.manager)
+    saved = h.manager.snapshot_dir(sid)
+    assert sorted(p.name for p in saved.iterdir()) == ["memory.delta", "vmstate"]
+    assert (workdir / "memory.base").read_text() == "boot snapshot ram"
 
 
 async def test_an_uncommitted_rollback_leaves_the_sandbox_running(h: Harness) -> None:
