@@ -15,26 +15,28 @@ pytestmark = pytest.mark.vm
 
 
 class Tmux:
-    """One detached tmux session running a command, read through capture-pane."""
+    """One detached tmux session running a command, read through capture-pane. Each has a
+    tmux server of its own: a session started while another's server exits can fail."""
 
     def __init__(self, command: str, cols: int = 100, rows: int = 30) -> None:
         self.name = f"aenv-{uuid.uuid4().hex[:8]}"
+        self.tmux = ["tmux", "-L", self.name]
         subprocess.run(
-            ["tmux", "new-session", "-d", "-s", self.name, "-x", str(cols), "-y", str(rows),
+            [*self.tmux, "new-session", "-d", "-s", self.name, "-x", str(cols), "-y", str(rows),
              f"{command}; echo EXIT=$?; sleep 60"],
             check=True,
         )  # fmt: skip
-        subprocess.run(["tmux", "set-option", "-t", self.name, "status", "off"], check=True)
+        subprocess.run([*self.tmux, "set-option", "-t", self.name, "status", "off"], check=True)
 
     def screen(self) -> str:
         return subprocess.run(
-            ["tmux", "capture-pane", "-p", "-J", "-S", "-200", "-t", self.name],
+            [*self.tmux, "capture-pane", "-p", "-J", "-S", "-200", "-t", self.name],
             capture_output=True,
             text=True,
         ).stdout
 
     def type(self, *keys: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, *keys], check=True)
 
     def wait_for(self, pattern: str, timeout: float = 60) -> re.Match[str]:
         found = wait_for(lambda: re.search(pattern, self.screen(), re.M), timeout, interval=0.3)
@@ -45,12 +47,12 @@ class Tmux:
 
     def resize(self, cols: int, rows: int) -> None:
         subprocess.run(
-            ["tmux", "resize-window", "-t", self.name, "-x", str(cols), "-y", str(rows)],
+            [*self.tmux, "resize-window", "-t", self.name, "-x", str(cols), "-y", str(rows)],
             check=True,
         )
 
     def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], check=False)
+        subprocess.run([*self.tmux, "kill-server", "-t", self.name], check=False)
 
 
 def test_start_type_resize_detach_and_reattach(server: LiveServer) -> None:
