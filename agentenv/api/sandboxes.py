@@ -115,7 +115,7 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
         record = await node.snapshots.create(snapshot, request)
     else:
         request.template_id = await _template_for(node, body.templateID)
-        record = await node.manager.create(request)
+        record = await node.creations.create(request)
     return sandbox_answer(record, public_domain(cfg))
 
 

@@ -11,7 +11,7 @@ from ..config import SandboxConfig
 from ..errors import Unavailable
 from ..guest.client import AgentClient
 from ..vmm import guestram
-from ..vmm.driver import Launched, VmHandle, VmmDriver, VmmError, VmSpec
+from ..vmm.driver import Launched, PreparedVm, VmHandle, VmmDriver, VmmError, VmSpec
 from .bootsnap import BootSnapshots, Shape
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,14 @@ class VmLauncher:
     ) -> VmHandle:
         """`spec` restored from the state in `saved`, its agent answering; raises VmmError or
         TimeoutError after stopping the VM again."""
-        handle = await self.driver.restore(spec, saved, launched)
+        return await self.finish(await self.driver.prepare_restore(spec, saved), agent, launched)
+
+    async def finish(
+        self, prepared: PreparedVm, agent: AgentClient, launched: Launched | None = None
+    ) -> VmHandle:
+        """A prepared VM's saved state loaded and its agent answering; raises VmmError or
+        TimeoutError after stopping the VM again."""
+        handle = await self.driver.finish_restore(prepared, launched)
         try:
             await self._await_agent(handle, agent, RESTORE_TIMEOUT, poll=0.02)
         except BaseException:

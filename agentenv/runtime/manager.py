@@ -136,6 +136,8 @@ class SandboxManager:
         self._operations: dict[str, asyncio.Task[Any]] = {}
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._routes: dict[str, Route] = {}
+        # Network slots held by VMs that are no sandbox yet (the warm pool's).
+        self._held_slots: set[int] = set()
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -293,28 +295,6 @@ class SandboxManager:
 
     # -- create ----------------------------------------------------------------------
 
-    async def create(self, request: CreateRequest) -> SandboxRecord:
-        """Boot a sandbox; on any failure every acquired resource is released again."""
-        template = await asyncio.to_thread(self.catalog.resolve, request.template_id)
-        sandbox = self.cfg.sandbox
-        record = await self.new_record(
-            template_id=template.template_id,
-            alias=template.alias,
-            timeout=self.clamp_timeout(request.timeout),
-            vcpus=template.vcpus or sandbox.vcpus,
-            memory_mb=template.memory_mb or sandbox.memory_mb,
-            metadata=request.metadata,
-            env_vars=request.env_vars,
-            guest=guest_config(template),
-            auto_pause=request.auto_pause,
-            auto_pause_memory=request.auto_pause_memory,
-            allow_internet=request.allow_internet,
-            secure=request.secure,
-        )
-        return await self.bring_up(
-            record, lambda cleanup: self._provision(record, template, cleanup)
-        )
-
     async def new_record(
         self,
         *,
@@ -331,13 +311,15 @@ class SandboxManager:
         allow_internet: bool,
         secure: bool,
         layers: dict[str, str] | None = None,
+        reserved: tuple[str, int] | None = None,
     ) -> SandboxRecord:
-        """Admit a sandbox and store its `creating` record with a free network slot;
-        `layers` are stored ones its files start from (its first upload's parents)."""
+        """Admit a sandbox and store its `creating` record with a free network slot (or
+        the `reserved` id and slot of a warm VM); `layers` are stored ones its files start
+        from (its first upload's parents)."""
         started = now()
         async with self._admission_lock:
             record = SandboxRecord(
-                sandbox_id=new_sandbox_id(),
+                sandbox_id=reserved[0] if reserved else new_sandbox_id(),
                 template_id=template_id,
                 alias=alias,
                 state=State.CREATING,
@@ -357,11 +339,25 @@ class SandboxManager:
                 layers=dict(layers or {}),
             )
             await self._admit(demand_of(record))
-            used = {r.slot for r in await self.store.list()}
-            record.slot = next(i for i in range(len(used) + 1) if i not in used)
+            record.slot = reserved[1] if reserved else await self._free_slot()
             await self.store.insert(record)
         crash_point("create.recorded")
         return record
+
+    async def _free_slot(self) -> int:
+        """A network slot no record and no warm VM holds (under the admission lock)."""
+        used = {r.slot for r in await self.store.list()} | self._held_slots
+        return next(i for i in range(len(used) + 1) if i not in used)
+
+    async def hold_slot(self) -> int:
+        """Hold a network slot for a VM that is no sandbox yet."""
+        async with self._admission_lock:
+            slot = await self._free_slot()
+            self._held_slots.add(slot)
+            return slot
+
+    async def release_slot(self, slot: int) -> None:
+        self._held_slots.discard(slot)
 
     async def bring_up(
         self, record: SandboxRecord, provision: Callable[[CleanupStack], Awaitable[None]]
@@ -383,9 +379,10 @@ class SandboxManager:
         log.info("sandbox %s running (slot %d)", record.sandbox_id, record.slot)
         return record
 
-    async def _provision(
+    async def make_disk(
         self, record: SandboxRecord, template: Template, cleanup: CleanupStack
     ) -> None:
+        """The sandbox's work directory and its disk over the template's image."""
         overlay = self.make_workdir(record, cleanup) / "rootfs.qcow2"
         # Every disk gets the boot snapshots' size when its image fits (the guest sees it).
         size = DISK_BYTES if _disk_size(template) <= DISK_BYTES else None
@@ -395,9 +392,6 @@ class SandboxManager:
             )
         except VmmError as exc:
             raise Unavailable(str(exc)) from exc
-        await self.make_network(record, cleanup)
-        crash_point("create.network")
-        await self.start_fresh_guest(record, self.kit, cleanup)
 
     async def start_fresh_guest(
         self, record: SandboxRecord, kit: Kit, cleanup: CleanupStack
@@ -411,6 +405,10 @@ class SandboxManager:
         cleanup.push("vm", lambda: self.driver.stop(handle))
         crash_point("create.vm")
         await self.save_vm(record, handle, kit)
+        await self.initialize_guest(record, agent)
+
+    async def initialize_guest(self, record: SandboxRecord, agent: AgentClient) -> None:
+        """Give a guest that has not run before the sandbox's environment and command."""
         guest = record.guest
         await agent.init(
             {**guest.get("env", {}), **record.env_vars},

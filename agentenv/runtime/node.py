@@ -28,6 +28,7 @@ from ..vmm.accel import AccelChoice, choose_accel
 from ..vmm.qemu import QemuDriver, run_dir_for
 from .bootsnap import BootSnapshots, Shape
 from .collect import Collector
+from .creation import SandboxCreations
 from .fork import SandboxForks
 from .manager import SandboxManager, guest_kernel_args
 from .pause import SandboxPauses
@@ -35,6 +36,7 @@ from .persist import Uploads
 from .recovery import recover
 from .snapshots import SandboxSnapshots
 from .sweeper import run_sweeper
+from .warmpool import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +55,13 @@ class Node:
         puller: ImagePuller,
         builds: TemplateBuilds,
         stack: contextlib.AsyncExitStack,
+        warm_pool: WarmPool | None = None,
     ) -> None:
         self.cfg = cfg
         self.accelerator = accelerator
         self.manager = manager
         self.forks = SandboxForks(manager)
+        self.creations = SandboxCreations(manager, warm_pool)
         self.pauses = snapshots.pauses
         self.snapshots = snapshots
         self.collector = collector
@@ -132,7 +136,12 @@ class Node:
         builds = TemplateBuilds(cfg, catalog, puller, manager.capacity.max_vcpus)
         stack.push_async_callback(builds.close)
         collector = Collector(objects, templates, registry, store, blockd)
-        node = cls(cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack)
+        pool = None
+        if cfg.sandbox.warm_pool > 0 and boot_snapshots is not None:
+            pool = WarmPool(manager, cfg.sandbox.warm_pool)
+            stack.push_async_callback(pool.close)
+            stack.push_async_callback(_cancelled, asyncio.create_task(pool.run()))
+        node = cls(cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, pool)
         for task in (run_sweeper(node.pauses), collector.run_every(cfg.storage)):
             stack.push_async_callback(_cancelled, asyncio.create_task(task))
         return node

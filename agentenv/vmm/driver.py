@@ -59,6 +59,18 @@ class VmHandle:
         return Path(self.workdir) / "console.log"
 
 
+@dataclass
+class PreparedVm:
+    """A VMM started for a saved state and waiting for it: nothing loaded, no guest run."""
+
+    handle: VmHandle
+    snapshot_dir: Path
+    # Restoring the VM's own state (consumed as its guest starts), not a snapshot's.
+    in_place: bool
+    # Guest pages to write into the VMM before the state loads, if any.
+    pages: Path | None = None
+
+
 # Told of a restoring VM's handle before its guest can run, so a crash never leaves a
 # running guest that nobody recorded.
 Launched = Callable[[VmHandle], Awaitable[None]]
@@ -118,6 +130,17 @@ class VmmDriver(Protocol):
         """Start `spec` from the device state `pause` wrote to `snapshot_dir`, and the RAM
         in `snapshot_dir` if there is one there (a clone), else the VM's own; running on
         return. Restoring a VM's own RAM consumes the saved state as the guest starts."""
+        ...
+
+    async def prepare_restore(self, spec: VmSpec, snapshot_dir: Path) -> PreparedVm:
+        """The first half of `restore`: the VMM started and waiting, its RAM mapped."""
+        ...
+
+    async def finish_restore(
+        self, prepared: PreparedVm, launched: Launched | None = None
+    ) -> VmHandle:
+        """The second half of `restore`: the saved state loaded and the guest running; the
+        VMM is stopped again if that fails."""
         ...
 
     def saved_state_intact(self, snapshot_dir: Path) -> bool:

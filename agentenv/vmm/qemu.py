@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..crashpoints import crash_point
 from . import guestram, migstream
-from .driver import Launched, VmHandle, VmmError, VmSpec
+from .driver import Launched, PreparedVm, VmHandle, VmmError, VmSpec
 from .qmp import QmpClient
 
 # Unix socket paths must stay under 108 bytes, so control sockets live in a short
@@ -232,6 +232,9 @@ class QemuDriver:
     async def restore(
         self, spec: VmSpec, snapshot_dir: Path, launched: Launched | None = None
     ) -> VmHandle:
+        return await self.finish_restore(await self.prepare_restore(spec, snapshot_dir), launched)
+
+    async def prepare_restore(self, spec: VmSpec, snapshot_dir: Path) -> PreparedVm:
         workdir = spec.workdir
         workdir.mkdir(parents=True, exist_ok=True)
         # A clone starts from the snapshot's RAM (a whole file, or a base and a delta); a
@@ -252,14 +255,20 @@ class QemuDriver:
         except (OSError, migstream.StreamError) as exc:
             raise VmmError(f"taking the saved memory failed: {exc}") from exc
         handle = await self._launch(spec, incoming=True, ram_base=base)
+        pages = snapshot_dir / guestram.DELTA if base is not None and delta else None
+        return PreparedVm(handle, snapshot_dir, in_place, pages)
+
+    async def finish_restore(
+        self, prepared: PreparedVm, launched: Launched | None = None
+    ) -> VmHandle:
+        handle, snapshot_dir, in_place = prepared.handle, prepared.snapshot_dir, prepared.in_place
         try:
             if launched is not None:
                 await launched(handle)
-            if base is not None and delta:
+            if prepared.pages is not None:
+                base = Path(handle.extra["ram_base"])
                 try:
-                    await asyncio.to_thread(
-                        guestram.load_delta, handle.pid, base, snapshot_dir / guestram.DELTA
-                    )
+                    await asyncio.to_thread(guestram.load_delta, handle.pid, base, prepared.pages)
                 except OSError as exc:
                     raise VmmError(f"writing the guest's saved pages back failed: {exc}") from exc
             client = await QmpClient.connect(Path(handle.extra["qmp"]))
@@ -277,7 +286,7 @@ class QemuDriver:
                 await client.close()
         except VmmError as exc:
             await self.stop(handle)
-            raise VmmError(f"{exc}; log: {_log_tail(spec.workdir)}") from exc
+            raise VmmError(f"{exc}; log: {_log_tail(Path(handle.workdir))}") from exc
         except BaseException:
             await self.stop(handle)
             raise

@@ -16,10 +16,11 @@ from agentenv.control.store import SqliteSandboxStore
 from agentenv.guest.kit import Kit
 from agentenv.images.catalog import Template
 from agentenv.runtime import manager as manager_module
+from agentenv.runtime.creation import SandboxCreations
 from agentenv.runtime.manager import CreateRequest, SandboxManager
 from agentenv.runtime.pause import SandboxPauses
 from agentenv.storage.posix import PosixObjectStore
-from agentenv.vmm.driver import Launched, VmHandle, VmSpec
+from agentenv.vmm.driver import Launched, PreparedVm, VmHandle, VmSpec
 
 VMSTATE, CONSUMED = "vmstate", "vmstate.consumed"
 
@@ -55,13 +56,21 @@ class FakeDriver:
     async def restore(
         self, spec: VmSpec, snapshot_dir: Path, launched: Launched | None = None
     ) -> VmHandle:
-        handle = self._handle(spec)
+        return await self.finish_restore(await self.prepare_restore(spec, snapshot_dir), launched)
+
+    async def prepare_restore(self, spec: VmSpec, snapshot_dir: Path) -> PreparedVm:
+        in_place = not (snapshot_dir / "memory").exists()
+        return PreparedVm(self._handle(spec), snapshot_dir, in_place)
+
+    async def finish_restore(
+        self, prepared: PreparedVm, launched: Launched | None = None
+    ) -> VmHandle:
+        handle, snapshot_dir = prepared.handle, prepared.snapshot_dir
         if launched is not None:
             await launched(handle)
-        in_place = not (snapshot_dir / "memory").exists()
         try:
             await self._step("load")  # the device state loads; the guest has not run
-            if in_place:
+            if prepared.in_place:
                 (snapshot_dir / VMSTATE).rename(snapshot_dir / CONSUMED)
             await self._step("restore")  # the guest runs
         except BaseException:
@@ -144,7 +153,8 @@ class Harness:
     networks: set[str]
 
     async def create(self) -> str:
-        record = await self.manager.create(CreateRequest(template_id="base", timeout=60))
+        creations = SandboxCreations(self.manager)
+        record = await creations.create(CreateRequest(template_id="base", timeout=60))
         return record.sandbox_id
 
     async def state(self, sandbox_id: str) -> str | None:
