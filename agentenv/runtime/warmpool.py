@@ -10,7 +10,6 @@ recovery reclaims its VMM, namespace and directory like any resource no record n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -130,9 +129,3 @@ class WarmPool:
             raise VmmError(f"the warm VM did not start: {exc}") from exc
         cleanup.push("vm", lambda: manager.driver.stop(handle))
         await manager.initialize_guest(record, agent)
-
-
-async def discard(vm: WarmVm) -> None:
-    """Release a warm VM that was taken but will not be used."""
-    with contextlib.suppress(Exception):
-        await vm.resources.run()
