@@ -308,6 +308,11 @@ async def test_an_upload_that_fails_is_shown_and_retried(h: Harness) -> None:
     store.put = real_put  # type: ignore[method-assign]
     uploads._retry_at.clear()
     await _stored(h, uploads, sid)
+    # The error is cleared when the upload's task ends, just after it records the layers.
+    for _ in range(200):
+        if sid not in uploads.errors:
+            break
+        await asyncio.sleep(0.01)
     assert sid not in uploads.errors
 
 
