@@ -5,6 +5,7 @@ booted)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
@@ -12,7 +13,38 @@ from ..images.catalog import Template
 from .bootsnap import Shape
 from .cleanup import CleanupStack
 from .manager import CreateRequest, SandboxManager, guest_config
-from .warmpool import WarmPool, WarmVm
+from .warmpool import WarmPool
+
+
+async def requested_record(
+    manager: SandboxManager,
+    request: CreateRequest,
+    *,
+    template_id: str,
+    alias: str | None,
+    shape: Shape,
+    guest: dict[str, Any],
+    layers: dict[str, str] | None = None,
+    reserved: tuple[str, int] | None = None,
+) -> SandboxRecord:
+    """`manager.new_record` for a create request: its timeout, metadata, env vars and
+    options (from a template here, or from a snapshot)."""
+    return await manager.new_record(
+        template_id=template_id,
+        alias=alias,
+        timeout=manager.clamp_timeout(request.timeout),
+        vcpus=shape.vcpus,
+        memory_mb=shape.memory_mb,
+        metadata=request.metadata,
+        env_vars=request.env_vars,
+        guest=guest,
+        auto_pause=request.auto_pause,
+        auto_pause_memory=request.auto_pause_memory,
+        allow_internet=request.allow_internet,
+        secure=request.secure,
+        layers=layers,
+        reserved=reserved,
+    )
 
 
 class SandboxCreations:
@@ -31,7 +63,15 @@ class SandboxCreations:
         pool = self.pool
         warm = pool.take(template.template_id, shape) if pool is not None else None
         try:
-            record = await self._new_record(request, template, shape, warm)
+            record = await requested_record(
+                manager,
+                request,
+                template_id=template.template_id,
+                alias=template.alias,
+                shape=shape,
+                guest=guest_config(template),
+                reserved=(warm.sandbox_id, warm.slot) if warm is not None else None,
+            )
         except BaseException:
             if warm is not None:
                 await warm.resources.run()
@@ -39,25 +79,6 @@ class SandboxCreations:
         if pool is not None and warm is not None:
             return await manager.bring_up(record, lambda c: pool.provision(record, warm, c))
         return await manager.bring_up(record, lambda c: self._provision(record, template, c))
-
-    async def _new_record(
-        self, request: CreateRequest, template: Template, shape: Shape, warm: WarmVm | None
-    ) -> SandboxRecord:
-        return await self.manager.new_record(
-            template_id=template.template_id,
-            alias=template.alias,
-            timeout=self.manager.clamp_timeout(request.timeout),
-            vcpus=shape.vcpus,
-            memory_mb=shape.memory_mb,
-            metadata=request.metadata,
-            env_vars=request.env_vars,
-            guest=guest_config(template),
-            auto_pause=request.auto_pause,
-            auto_pause_memory=request.auto_pause_memory,
-            allow_internet=request.allow_internet,
-            secure=request.secure,
-            reserved=(warm.sandbox_id, warm.slot) if warm is not None else None,
-        )
 
     async def _provision(
         self, record: SandboxRecord, template: Template, cleanup: CleanupStack

@@ -25,6 +25,7 @@ from ..storage.objectstore import ObjectStoreError
 from ..vmm import guestram
 from ..vmm.driver import VmHandle
 from ..vmm.qemuimg import copy_sparse
+from .bootsnap import Shape
 from .checkpoint import (
     DISK,
     MEMORY,
@@ -32,6 +33,7 @@ from .checkpoint import (
     provision_from_checkpoint,
     take_checkpoint,
 )
+from .creation import requested_record
 from .lifecycle import Event, allows
 from .manager import FILESYSTEM, FULL, CreateRequest, SandboxManager, now
 from .pause import SandboxPauses
@@ -197,20 +199,14 @@ class SandboxSnapshots:
         kit = self.manager.kit
         if snapshot.memory:
             kit = self.manager.kit_version(snapshot.kit)
-        record = await self.manager.new_record(
+        record = await requested_record(
+            self.manager,
+            request,
             template_id=snapshot.snapshot_id,
             alias=snapshot.name,
-            timeout=self.manager.clamp_timeout(request.timeout),
-            vcpus=snapshot.vcpus,
-            memory_mb=snapshot.memory_mb,
-            metadata=request.metadata,
-            env_vars=request.env_vars,
+            shape=Shape(snapshot.vcpus, snapshot.memory_mb),
             guest=snapshot.guest,
             layers=snapshot.stored or snapshot.base,
-            auto_pause=request.auto_pause,
-            auto_pause_memory=request.auto_pause_memory,
-            allow_internet=request.allow_internet,
-            secure=request.secure,
         )
         return await self.manager.bring_up(
             record,

@@ -54,7 +54,11 @@ _PRIVATE_RAM_SINCE = (8, 2)
 
 def qemu_version_name(binary: str) -> str:
     """What a driver for `binary` calls its version, e.g. "qemu 10.0.2"."""
-    return "qemu " + ".".join(map(str, qemu_version(binary)))
+    return _version_name(qemu_version(binary))
+
+
+def _version_name(numbers: tuple[int, ...]) -> str:
+    return "qemu " + ".".join(map(str, numbers))
 
 
 def qemu_version(binary: str) -> tuple[int, ...]:
@@ -223,8 +227,9 @@ class QemuDriver:
         self.run_dir = run_dir
         self._children: dict[int, asyncio.subprocess.Process] = {}
         self._tsc_khz = host_tsc_khz()
-        self.version = qemu_version_name(qemu_binary)
-        self.shares_snapshot_ram = qemu_version(qemu_binary) >= _PRIVATE_RAM_SINCE
+        numbers = qemu_version(qemu_binary)
+        self.version = _version_name(numbers)
+        self.shares_snapshot_ram = numbers >= _PRIVATE_RAM_SINCE
 
     async def boot(self, spec: VmSpec) -> VmHandle:
         return await self._launch(spec, incoming=False)

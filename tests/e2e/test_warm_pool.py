@@ -22,12 +22,19 @@ def _warm_ids(server: LiveServer) -> set[str]:
     return present - listed
 
 
+def _start_with_pool(server: LiveServer, size: int) -> HostResources:
+    """Start `server` with a warm pool of `size` and wait until it is full; the host's
+    resources before it started."""
+    baseline = HostResources.measure(server.home, server.prefix)
+    server.extra_env["AENV_SANDBOX_WARM_POOL"] = str(size)
+    server.start()
+    assert wait_for(lambda: boot_snapshot(server, 256) is not None, 180)
+    assert wait_for(lambda: server.resources().vmms == size, 120)
+    return baseline
+
+
 def test_a_create_takes_a_warm_vm_and_the_pool_refills(fresh_server: LiveServer) -> None:
-    baseline = HostResources.measure(fresh_server.home, fresh_server.prefix)
-    fresh_server.extra_env["AENV_SANDBOX_WARM_POOL"] = "2"
-    fresh_server.start()
-    assert wait_for(lambda: boot_snapshot(fresh_server, 256) is not None, 180)
-    assert wait_for(lambda: fresh_server.resources().vmms == 2, 120)
+    baseline = _start_with_pool(fresh_server, 2)
     warm = _warm_ids(fresh_server)
     assert len(warm) == 2
     # Nothing of the pool is a sandbox: not listed, not found.
@@ -50,11 +57,7 @@ def test_a_create_takes_a_warm_vm_and_the_pool_refills(fresh_server: LiveServer)
 
 
 def test_a_dead_servers_warm_vms_are_reclaimed(fresh_server: LiveServer) -> None:
-    baseline = HostResources.measure(fresh_server.home, fresh_server.prefix)
-    fresh_server.extra_env["AENV_SANDBOX_WARM_POOL"] = "1"
-    fresh_server.start()
-    assert wait_for(lambda: boot_snapshot(fresh_server, 256) is not None, 180)
-    assert wait_for(lambda: fresh_server.resources().vmms == 1, 120)
+    baseline = _start_with_pool(fresh_server, 1)
     assert fresh_server.proc is not None
     fresh_server.proc.send_signal(signal.SIGKILL)
     fresh_server.proc.wait()
