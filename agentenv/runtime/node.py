@@ -34,11 +34,15 @@ from .manager import SandboxManager, guest_kernel_args
 from .pause import SandboxPauses
 from .persist import Uploads
 from .recovery import recover
+from .servedram import ServedRam
 from .snapshots import SandboxSnapshots
 from .sweeper import run_sweeper
 from .warmpool import WarmPool
 
 log = logging.getLogger(__name__)
+
+# Seconds between sweeps for served RAM nothing links to any more.
+_RAM_SWEEP_INTERVAL = 30.0
 
 
 class Node:
@@ -129,7 +133,9 @@ class Node:
         uploads = Uploads(manager, objects)
         stack.push_async_callback(uploads.close)
         registry = SnapshotRegistry(objects)
-        snapshots = SandboxSnapshots(SandboxPauses(manager, objects), registry, catalog, uploads)
+        served_ram = ServedRam(blockd, objects, [cfg.sandboxes_dir, cfg.home / "snapshots"])
+        pauses = SandboxPauses(manager, objects, served_ram)
+        snapshots = SandboxSnapshots(pauses, registry, catalog, uploads)
         await snapshots.open()
         scanner = asyncio.create_task(uploads.run())
         stack.push_async_callback(_cancelled, scanner)
@@ -142,7 +148,11 @@ class Node:
             stack.push_async_callback(pool.close)
             stack.push_async_callback(_cancelled, asyncio.create_task(pool.run()))
         node = cls(cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, pool)
-        for task in (run_sweeper(node.pauses), collector.run_every(cfg.storage)):
+        for task in (
+            run_sweeper(node.pauses),
+            collector.run_every(cfg.storage),
+            served_ram.run_every(_RAM_SWEEP_INTERVAL),
+        ):
             stack.push_async_callback(_cancelled, asyncio.create_task(task))
         return node
 

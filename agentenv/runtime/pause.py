@@ -9,12 +9,13 @@ import contextlib
 import logging
 import shutil
 from datetime import timedelta
+from functools import partial
 
 import httpx
 
 from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
-from ..errors import Unavailable
+from ..errors import NotFound, Unavailable
 from ..storage.objectstore import ObjectStore, ObjectStoreError
 from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmError
@@ -23,6 +24,7 @@ from .cleanup import CleanupStack
 from .lifecycle import Event, allows
 from .manager import FILESYSTEM, FULL, GuestLost, SandboxManager, now
 from .persist import fetch_files
+from .servedram import RamServer
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +32,10 @@ log = logging.getLogger(__name__)
 class SandboxPauses:
     """`pause`, `connect` and `resume` for the sandboxes of one manager."""
 
-    def __init__(self, manager: SandboxManager, objects: ObjectStore) -> None:
+    def __init__(self, manager: SandboxManager, objects: ObjectStore, ram: RamServer) -> None:
         self.manager = manager
         self.objects = objects
+        self.ram = ram
 
     async def pause(
         self, sandbox_id: str, memory: bool = True, require_healthy_guest: bool = False
@@ -128,20 +131,27 @@ class SandboxPauses:
     async def _fetch(self, record: SandboxRecord) -> None:
         workdir = self.manager.workdir(record.sandbox_id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
-        # What is fetched is whole RAM; a base left from before must not shadow it.
-        await asyncio.to_thread(guestram.drop, workdir)
         if read_init_secret(workdir) is None:
             write_init_secret(workdir)
         try:
+            # Its disk sits on the template's image, served here too from now on.
+            template = await asyncio.to_thread(self.manager.catalog.resolve, record.template_id)
             await asyncio.to_thread(
-                fetch_files,
-                self.objects,
-                record.layers,
-                workdir,
-                self.manager.snapshot_dir(record.sandbox_id),
-                True,  # the sandbox's own files from now on, whatever happens to the host
+                partial(
+                    fetch_files,
+                    self.objects,
+                    record.layers,
+                    workdir,
+                    self.manager.snapshot_dir(record.sandbox_id),
+                    # The sandbox's own files from now on, whatever happens to the host.
+                    durable=True,
+                    ram=self.ram,
+                    template=template,
+                )
             )
-        except (ObjectStoreError, OSError) as exc:
+        except NotFound as exc:
+            raise Unavailable(f"sandbox {record.sandbox_id}: {exc}") from exc
+        except (ObjectStoreError, OSError, VmmError) as exc:
             raise Unavailable(
                 f"sandbox {record.sandbox_id}: fetching its files failed: {exc}"
             ) from exc

@@ -4,7 +4,8 @@ the background, and fetched back on a node that does not hold them.
 Each file (disk, RAM, device state) is stored over the layer of its previous upload
 (`storage/filelayer.py`), so an upload writes what changed since. A paused sandbox is
 `stored` once its files are uploaded; from then on its node's copy is a cache: any node
-sharing the state store and the object store can resume it.
+sharing the state store and the object store can resume it. What a node fetches back is
+the disk and device state; the RAM is served page by page (`servedram.py`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,18 @@ from pathlib import Path
 
 from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
+from ..images.catalog import Template
 from ..images.snapshots import SnapshotRecord
 from ..storage.filelayer import load_chain, materialize, store_file
 from ..storage.gc import WriteLease
 from ..storage.layer import BLOCK_SIZE
 from ..storage.objectstore import ObjectStore
 from ..vmm import guestram
+from ..vmm.qemuimg import set_backing
 from .checkpoint import DISK, MEMORY
 from .lifecycle import AT_REST
 from .manager import FILESYSTEM, SandboxManager
+from .servedram import RamServer
 
 log = logging.getLogger(__name__)
 
@@ -84,20 +88,30 @@ def fetch_files(
     layers: dict[str, str],
     files_dir: Path,
     state_dir: Path,
+    *,
     durable: bool,
+    ram: RamServer,
+    template: Template,
 ) -> None:
-    """Blocking: write stored files back; device state last, since its presence is what
-    says the files are whole (`durable`: each on disk before the next)."""
+    """Blocking: write stored files back, but for the RAM, which `ram` serves as the base
+    of the saved state, the disk over this node's copy of its `template`; device state
+    last, since its presence is what says the files are whole (`durable`: each on disk
+    before the next)."""
     files_dir.mkdir(parents=True, exist_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
     names = sorted(layers, key=lambda n: n.startswith(_STATE_PREFIX))
     for name in names:
+        if name == MEMORY:
+            guestram.serve_base(ram.serve(layers[name]), files_dir, state_dir)
+            continue
         if name.startswith(_STATE_PREFIX):
             dest = state_dir / name.removeprefix(_STATE_PREFIX)
         else:
             dest = files_dir / name
         partial = dest.with_name(dest.name + ".fetching")
         materialize(load_chain(store, layers[name]), store, partial, durable)
+        if name == DISK:
+            set_backing(partial, template.rootfs, template.rootfs_format)
         partial.rename(dest)
 
 

@@ -13,6 +13,7 @@ import json
 import logging
 import shutil
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 from ..control.store import SandboxRecord
@@ -23,7 +24,7 @@ from ..images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_t
 from ..images.templates import validate_name
 from ..storage.objectstore import ObjectStoreError
 from ..vmm import guestram
-from ..vmm.driver import VmHandle
+from ..vmm.driver import VmHandle, VmmError
 from ..vmm.qemuimg import copy_sparse
 from .bootsnap import Shape
 from .checkpoint import (
@@ -166,8 +167,18 @@ class SandboxSnapshots:
             try:
                 # A cache, written without waiting for the disk: a copy made before the
                 # host last booted is not trusted (`reclaim`).
+                template = await asyncio.to_thread(self.catalog.resolve, snapshot.template_id)
                 await asyncio.to_thread(
-                    fetch_files, self.uploads.store, snapshot.stored, staging, staging, False
+                    partial(
+                        fetch_files,
+                        self.uploads.store,
+                        snapshot.stored,
+                        staging,
+                        staging,
+                        durable=False,
+                        ram=self.pauses.ram,
+                        template=template,
+                    )
                 )
                 files.parent.mkdir(parents=True, exist_ok=True)
                 self._fetched(snapshot).parent.mkdir(parents=True, exist_ok=True)
@@ -175,7 +186,7 @@ class SandboxSnapshots:
                 staging.rename(files)
             except BaseException as exc:
                 await asyncio.to_thread(shutil.rmtree, staging, True)
-                if isinstance(exc, (ObjectStoreError, OSError)):
+                if isinstance(exc, (ObjectStoreError, OSError, VmmError)):
                     raise Unavailable(
                         f"snapshot {snapshot.snapshot_id}: fetching its files failed: {exc}"
                     ) from exc

@@ -100,6 +100,7 @@ class Stack:
         self.block_size = layers[-1].block_size
         self.depth = len(layers)
         self.top = layers[-1].layer_id
+        self.layer_ids = [layer.layer_id for layer in layers]
         merged: dict[int, BlockRef] = {}
         for layer in layers:
             merged.update(layer.blocks)

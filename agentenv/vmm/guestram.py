@@ -62,18 +62,32 @@ def drop(workdir: Path) -> None:
 
 def link_base(snapshot_ram: Path, workdir: Path) -> bool:
     """Make `snapshot_ram` the base the VM of `workdir` maps; False when it cannot be
-    linked (another file system), and the caller copies it instead."""
+    linked (another file system), and the caller copies it instead. A base served from
+    elsewhere (a symbolic link, see `serve_base`) is linked to the same place."""
     (workdir / BASE).unlink(missing_ok=True)
     try:
-        os.link(snapshot_ram, workdir / BASE)
+        if snapshot_ram.is_symlink():
+            (workdir / BASE).symlink_to(os.readlink(snapshot_ram))
+        else:
+            os.link(snapshot_ram, workdir / BASE)
     except OSError:
         return False
     return True
 
 
+def serve_base(served: Path, workdir: Path, state_dir: Path) -> None:
+    """Make the read-only file `served` (RAM the block daemon serves from the object
+    store, page by page as it is touched) the base of a saved state with no pages of its
+    own: a symbolic link to it and an empty delta."""
+    drop(workdir)
+    (workdir / BASE).symlink_to(served)
+    empty = _MAGIC + struct.pack(">Q", 0)
+    (state_dir / DELTA).write_bytes(empty.ljust(_index_size(0), b"\0"))
+
+
 def _mapping(pid: int, path: Path) -> tuple[int, int]:
-    """The address range where process `pid` maps `path`."""
-    target = str(path)
+    """The address range where process `pid` maps `path` (the file a link names)."""
+    target = os.path.realpath(path)
     try:
         with open(f"/proc/{pid}/maps") as maps:
             for line in maps:

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -180,8 +181,10 @@ def test_small_cache_runs_every_image(fresh_server: LiveServer, images: Images) 
 def test_s3_backend_end_to_end(
     fresh_server: LiveServer, images: Images, s3_endpoint: str, s3_bucket: str
 ) -> None:
-    """Layers and templates in S3 (a real S3 server); a second node sees the template."""
+    """Layers and templates in S3 (a real S3 server); a second node, sharing the state
+    store, sees the template and resumes a sandbox of it the first node paused."""
     s3 = {
+        "AENV_STATE_URL": f"sqlite:///{fresh_server.home.parent / 'shared-state.db'}",
         "AENV_STORAGE_BACKEND": "s3",
         "AENV_STORAGE_S3_ENDPOINT": s3_endpoint,
         "AENV_STORAGE_S3_BUCKET": s3_bucket,
@@ -196,15 +199,36 @@ def test_s3_backend_end_to_end(
     sandbox = create(fresh_server, templateID="app")
     check_app(fresh_server, sandbox)
     kill(fresh_server, sandbox["sandboxID"])
+    paused = create(fresh_server, templateID="app")
+    assert run(fresh_server, paused, "echo kept > /tmp/kept; echo kept > note")[2] == 0
+    _pause_until_stored(fresh_server, paused["sandboxID"])
+    fresh_server.stop()
+    BlockdClient(load_config(env=fresh_server.env)).stop()  # nothing served from there
 
+    # Another home: the template's image is served under another path there.
     second = LiveServer(fresh_server.home.parent / "second-node", extra_env=dict(s3))
     second.home.mkdir()
     second.start()
     try:
         with second.client() as api:
             assert "app" in {t["templateID"] for t in api.get("/v2/templates").json()}
+            resumed = api.post(f"/sandboxes/{paused['sandboxID']}/connect", json={"timeout": 60})
+            assert resumed.status_code in (200, 201), resumed.text
+        out, err, code = run(second, resumed.json(), "cat /tmp/kept note; sha256sum data.bin")
+        assert code == 0, err
+        assert out.splitlines()[:2] == ["kept", "kept"] and sha(APP_DATA) in out
+        kill(second, paused["sandboxID"])
         box = create(second, templateID="app")
         check_app(second, box)
         kill(second, box["sandboxID"])
     finally:
         second.close()
+
+
+def _pause_until_stored(server: LiveServer, sandbox_id: str) -> None:
+    with server.client() as api:
+        assert api.post(f"/sandboxes/{sandbox_id}/pause").status_code == 204
+        deadline = time.monotonic() + 120
+        while api.get(f"/sandboxes/{sandbox_id}").json().get("storage") != "stored":
+            assert time.monotonic() < deadline, "the paused sandbox was not stored in time"
+            time.sleep(0.5)

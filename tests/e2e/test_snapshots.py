@@ -15,7 +15,9 @@ from e2b.exceptions import SandboxException
 
 from agentenv.config import load_config
 from agentenv.net.netns import list_namespaces
+from agentenv.runtime.servedram import ServedRam
 from agentenv.storage.blockd import BlockdClient
+from agentenv.storage.posix import PosixObjectStore
 
 from ..live import TEST_KEY, HostResources, LiveServer
 
@@ -236,6 +238,17 @@ def test_a_new_node_resumes_what_a_lost_node_left(
         child = Sandbox.create(snapshot.snapshot_id)
         assert child.commands.run("cat ~/state").stdout == "disk\n"
         assert ticks(child) is not None
+        # Neither RAM was fetched: both map what the new node's block daemon serves.
+        served = BlockdClient(load_config(env=new.env)).paths.mnt
+        for sid in (sandbox.sandbox_id, child.sandbox_id):
+            base = new.home / "sandboxes" / sid / "memory.base"
+            assert base.is_symlink() and base.readlink().parent == served
+        # Paused again over the served base (its delta saved), stored, and resumed.
+        resumed.pause()
+        _until_stored(new, sandbox.sandbox_id, snapshot.snapshot_id)
+        resumed = Sandbox.connect(sandbox.sandbox_id)
+        assert resumed.commands.run("cat /tmp/secret").stdout == secret
+        assert resumed.commands.run("sha256sum -c ~/blob.sum").exit_code == 0
     finally:
         new.close()
         lost.close()
@@ -275,6 +288,13 @@ def test_the_collector_keeps_what_is_used_and_deletes_the_rest(
         resumed = Sandbox.connect(kept.sandbox_id)
         assert ticks(resumed) is not None
         resumed.kill()
+        # Its RAM was served by the block daemon; two sweeps find nothing links it.
+        served = ServedRam(
+            BlockdClient(load_config(env=fresh_server.env)),
+            PosixObjectStore(objects),
+            [fresh_server.home / "sandboxes", fresh_server.home / "snapshots"],
+        )
+        assert served.sweep() + served.sweep() == 1
         api.post("/gc", json={"graceSeconds": 0})
         assert layers() == set()
         assert list((objects / "chunks").glob("*")) == []

@@ -16,9 +16,12 @@ from agentenv.control.store import SqliteSandboxStore
 from agentenv.guest.kit import Kit
 from agentenv.images.catalog import Template
 from agentenv.runtime import manager as manager_module
+from agentenv.runtime import persist as persist_module
 from agentenv.runtime.creation import SandboxCreations
 from agentenv.runtime.manager import CreateRequest, SandboxManager
 from agentenv.runtime.pause import SandboxPauses
+from agentenv.storage.filelayer import load_chain, materialize
+from agentenv.storage.objectstore import ObjectStore
 from agentenv.storage.posix import PosixObjectStore
 from agentenv.vmm.driver import Launched, PreparedVm, VmHandle, VmSpec
 
@@ -144,6 +147,22 @@ class FakeCatalog:
         return Template(template_id=name, alias=None, rootfs=self.rootfs, rootfs_format="raw")
 
 
+class MaterializedRam:
+    """Serves a RAM layer as a whole file written once, where the node's block daemon
+    would serve it page by page."""
+
+    def __init__(self, store: ObjectStore, root: Path) -> None:
+        self.store = store
+        self.root = root
+
+    def serve(self, layer_id: str) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / layer_id
+        if not path.exists():
+            materialize(load_chain(self.store, layer_id), self.store, path)
+        return path
+
+
 @dataclass
 class Harness:
     manager: SandboxManager
@@ -183,6 +202,7 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
     monkeypatch.setattr(manager_module, "destroy_network", destroy_network)
     monkeypatch.setattr(manager_module, "apply_policy", create_network)
     monkeypatch.setattr(manager_module, "create_qcow2", create_qcow2)
+    monkeypatch.setattr(persist_module, "set_backing", lambda *_: None)
     rootfs = tmp_path / "rootfs.ext4"
     rootfs.write_bytes(b"\0" * 4096)
     kit = Kit(tmp_path / "vmlinuz", tmp_path / "initrd", tmp_path / "runtime.ext4", "kit1")
@@ -201,4 +221,5 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
 
     monkeypatch.setattr(manager.launcher, "start", start)
     objects = PosixObjectStore(tmp_path / "objects")
-    return Harness(manager, SandboxPauses(manager, objects), driver, agent, networks)
+    ram = MaterializedRam(objects, tmp_path / "served-ram")
+    return Harness(manager, SandboxPauses(manager, objects, ram), driver, agent, networks)

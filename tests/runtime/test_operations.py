@@ -22,6 +22,7 @@ from agentenv.runtime.persist import Uploads
 from agentenv.runtime.recovery import recover
 from agentenv.runtime.snapshots import SandboxSnapshots
 from agentenv.storage.objectstore import ObjectStoreError
+from agentenv.vmm import guestram
 from agentenv.vmm.driver import VmHandle, VmmError
 
 from .fakes import Harness, make_harness
@@ -285,7 +286,9 @@ async def test_a_stored_paused_sandbox_resumes_without_its_local_files(
     shutil.rmtree(workdir)
     assert h.manager.saved_state_intact(record)
     await h.pauses.resume(sid, 60)
-    assert (workdir / "memory").read_bytes() == b"guest ram" * 1000
+    # The stored RAM is served as the base of a saved state with no pages of its own.
+    assert (workdir / guestram.BASE).read_bytes() == b"guest ram" * 1000
+    assert not (workdir / guestram.OWN).exists()
     record = await h.manager.store.get(sid)
     assert record is not None and record.state == "running" and not record.stored
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import random
 import shutil
@@ -22,6 +23,7 @@ from agentenv.config import Config
 from agentenv.storage.blockd import BlockdClient, BlockdError
 from agentenv.storage.blockd.common import is_mounted
 from agentenv.storage.blockd.fs import Segment, plan_read
+from agentenv.storage.filelayer import load_chain, store_file
 from agentenv.storage.layer import BLOCK_SIZE, BlockRef, LayerIndex, LayerWriter, Stack
 from agentenv.storage.posix import PosixObjectStore
 
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.skipif(
 
 BLOCKS_PER_CHUNK = 64  # CHUNK_TARGET / BLOCK_SIZE: LayerWriter cuts a chunk every 64 blocks
 SIZE = 300 * BLOCK_SIZE + 12345  # a partial last block
+PAGE = 4096
 
 
 @dataclass
@@ -135,6 +138,16 @@ def test_plan_read_merges_adjacent_ranges_of_one_chunk() -> None:
     ]
 
 
+def test_plan_read_of_page_sized_blocks() -> None:
+    layer = LayerIndex("ram", None, 4 * PAGE, block_size=PAGE)
+    layer.blocks = {0: BlockRef("a", 0), 1: BlockRef("a", PAGE), 3: BlockRef("a", 2 * PAGE)}
+    assert plan_read(Stack([layer]), 100, 4 * PAGE) == [
+        Segment("a", 100, 2 * PAGE - 100),
+        Segment(None, 0, PAGE),
+        Segment("a", 2 * PAGE, PAGE),
+    ]
+
+
 # -- the daemon --------------------------------------------------------------------------
 
 
@@ -150,6 +163,29 @@ def test_image_reads_back_byte_for_byte(env: Env) -> None:
             assert f.read(BLOCK_SIZE) == bytes(BLOCK_SIZE)
     stats = env.client.stats()
     assert stats["fs"]["read_errors"] == 0 and stats["cache"]["misses"] > 0
+
+
+def test_guest_ram_layers_serve_a_private_mapping(env: Env, tmp_path: Path) -> None:
+    """RAM stored in 4 KiB blocks over its previous version, mapped copy-on-write as a
+    VMM maps a snapshot's RAM: reads see the stack, writes stay in the mapping."""
+    rng = random.Random(7)
+    ram = bytearray(600 * PAGE)
+    for page in rng.sample(range(600), 200):
+        ram[page * PAGE : (page + 1) * PAGE] = rng.randbytes(PAGE)
+    source = tmp_path / "memory"
+    source.write_bytes(ram)
+    first, _ = store_file(env.store, source, None, PAGE)
+    for page in (0, 1, 599):
+        ram[page * PAGE : (page + 1) * PAGE] = rng.randbytes(PAGE)
+    source.write_bytes(ram)
+    top, _ = store_file(env.store, source, first, PAGE)
+    path, size = env.client.mount("ram", load_chain(env.store, top).layer_ids)
+    assert size == len(ram) and path.read_bytes() == ram
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    mapped[:4] = b"mine"
+    assert mapped[4:] == ram[4:] and path.read_bytes() == ram
+    mapped.close()
 
 
 def test_odd_sized_sequential_and_random_reads(env: Env) -> None:

@@ -115,3 +115,24 @@ def test_which_ram_a_work_directory_holds(tmp_path: Path) -> None:
     assert not guestram.maps_base(tmp_path)
     guestram.drop(tmp_path)
     assert not guestram.holds_ram(tmp_path, state)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="reads another process's pagemap and memory")
+def test_a_served_base_is_mapped_through_its_link(tmp_path: Path, mappers: list[_Mapper]) -> None:
+    """RAM served from elsewhere is a link to it with an empty delta: clones link to the
+    same file, and written pages are found in a mapping opened through the link."""
+    (tmp_path / "served").mkdir()
+    served = _base(tmp_path / "served")
+    work, state, clone = tmp_path / "work", tmp_path / "work" / "snapshot", tmp_path / "clone"
+    for directory in (work, state, clone):
+        directory.mkdir()
+    guestram.serve_base(served, work, state)
+    assert guestram.holds_ram(work, state) and read_index(state / guestram.DELTA) == []
+    assert guestram.link_base(work / guestram.BASE, clone)
+    assert (clone / guestram.BASE).readlink() == served
+    mapper = _Mapper(clone / guestram.BASE, [5])
+    mappers.append(mapper)
+    assert save_delta(mapper.proc.pid, clone / guestram.BASE, clone / guestram.DELTA) == 1
+    whole = tmp_path / "whole"
+    materialize(clone / guestram.BASE, clone / guestram.DELTA, whole)
+    assert _digest_of(whole) == mapper.digest()

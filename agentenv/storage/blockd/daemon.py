@@ -32,7 +32,7 @@ import trio
 
 from agentenv.config import Config
 
-from ..layer import BLOCK_SIZE, LayerIndex, Stack, layer_key
+from ..layer import LayerIndex, Stack, layer_key
 from ..objectstore import ObjectNotFound, ObjectStore
 from .common import (
     LAYER_RE,
@@ -92,15 +92,13 @@ def load_stack(store: ObjectStore, local: Path, layers: list[str]) -> Stack:
         stack = Stack(indexes)
     except ValueError as exc:
         raise RequestError("bad_chain", str(exc)) from None
-    if stack.block_size != BLOCK_SIZE:  # the file system serves disk-image blocks only
-        raise RequestError("bad_chain", f"layers of {stack.block_size}-byte blocks are not disks")
     return stack
 
 
 def chunks_in_order(stack: Stack) -> list[str]:
     """The stack's chunks in the order of the first block that uses each (boot order-ish)."""
     seen: dict[str, None] = {}
-    for block in range(-(-stack.size // BLOCK_SIZE)):
+    for block in range(-(-stack.size // stack.block_size)):
         ref = stack.lookup(block)
         if ref is not None and ref.chunk not in seen:
             seen[ref.chunk] = None

@@ -1,9 +1,10 @@
 """The FUSE file system of the block daemon: a flat, read-only directory of `<name>.img`.
 
-Each file is one layer stack seen as a raw disk. A read resolves its blocks through
-`Stack.lookup`, merges neighbouring bytes of one chunk into a single chunk-source read and
-fills holes with zeros. Content never changes for an inode, so the kernel page cache is
-kept across opens (`keep_cache`) and does most of the serving.
+Each file is one layer stack seen as a raw file: a disk, or guest RAM (4 KiB blocks). A
+read resolves its blocks through `Stack.lookup`, merges neighbouring bytes of one chunk
+into a single chunk-source read and fills holes with zeros. Content never changes for an
+inode, so the kernel page cache is kept across opens (`keep_cache`) and does most of the
+serving.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def plan_read(stack: Stack, offset: int, length: int) -> list[Segment]:
     segments: list[Segment] = []
     pos = offset
     while pos < end:
-        block, within = divmod(pos, BLOCK_SIZE)
-        n = min(BLOCK_SIZE - within, end - pos)
+        block, within = divmod(pos, stack.block_size)
+        n = min(stack.block_size - within, end - pos)
         ref = stack.lookup(block)
         seg = Segment(None, 0, n) if ref is None else Segment(ref.chunk, ref.offset + within, n)
         last = segments[-1] if segments else None
