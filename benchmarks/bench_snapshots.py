@@ -1,6 +1,7 @@
 """Snapshots through the API: taking one after 0 / 10 / 100 MB of fresh writes to memory
 and disk (time, and bytes its upload wrote to the object store), creating from a snapshot
-with its files on the node (warm) and fetched from the object store (cold), next to
+with its files on the node (warm) and on a new node that has only the object store
+(cold: its RAM served page by page, the rest fetched), next to
 creating from the template; rollback; forks of 1, 8 and 32; 20 paused sandboxes resumed at
 once; host memory of 8 sandboxes made from one snapshot against 8 times one.
 
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -84,6 +85,21 @@ def create_from(server: LiveServer, template: str) -> float:
     seconds, sandbox_id = create_to_first_output(server, template)
     kill_all(server, [sandbox_id])
     return seconds
+
+
+def cold_create_from(server: LiveServer, snapshot: str) -> float:
+    """Create from `snapshot` on a new node (empty home: no local files, no chunk cache,
+    no page cache of its block daemon) sharing `server`'s object store."""
+    with tempfile.TemporaryDirectory(prefix="aenv-bench-node-") as tmp:
+        node = LiveServer(
+            Path(tmp), extra_env={"AENV_STORAGE_POSIX_ROOT": str(server.home / "objects")}
+        )
+        try:
+            node.start()
+            wait_snapshot(node)
+            return create_from(node, snapshot)
+        finally:
+            node.close()
 
 
 def vmm_pss_mib(server: LiveServer, sandbox_id: str) -> float:
@@ -164,11 +180,7 @@ def main() -> None:
         _until_stored(server, snapshot)
         template = [create_from(server, "base") for _ in range(args.cycles)]
         warm = [create_from(server, snapshot) for _ in range(args.cycles)]
-        cold = []
-        name, tag = snapshot.split(":")
-        for _ in range(args.cycles):
-            shutil.rmtree(Path(server.home) / "snapshots" / name / tag)  # the node's cache
-            cold.append(create_from(server, snapshot))
+        cold = [cold_create_from(server, snapshot) for _ in range(args.cycles)]
         rollbacks = [rollback_seconds(server, sandbox, snapshot) for _ in range(args.cycles)]
         forks = {n: fork_seconds(server, sandbox["sandboxID"], n) for n in (1, 8, 32)}
         resumes = concurrent_resumes(server, sandbox["sandboxID"], 20)
