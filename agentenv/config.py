@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,8 @@ class ServerConfig:
     domain: str = ""
     # Largest control-plane request body (JSON); file transfers to guests are not bounded.
     max_body_bytes: int = 1024 * 1024
+    # This node's name in a shared state store; empty means the host's name.
+    node_name: str = ""
 
 
 @dataclass
@@ -117,8 +120,9 @@ class StorageConfig:
 
 @dataclass
 class StateConfig:
-    # Where sandbox records live: "sqlite:///ABSOLUTE/PATH"; empty means <home>/state.db.
-    # Nodes that share it (and the object store) resume each other's paused sandboxes.
+    # Where sandbox records live: "sqlite:///ABSOLUTE/PATH" or
+    # "postgresql://USER:PASSWORD@HOST:PORT/DB"; empty means <home>/state.db. Nodes that
+    # share it (and the object store) resume each other's paused sandboxes.
     url: str = ""
 
 
@@ -194,15 +198,23 @@ class Config:
         return self.home / "sandboxes"
 
     @property
-    def state_db(self) -> Path:
-        """The SQLite file of `state.url`; ConfigError for a URL of another kind."""
+    def state_url(self) -> str:
+        """`state.url`, or the SQLite file under home; ConfigError for another kind."""
         url = self.state.url
         if not url:
-            return self.home / "state.db"
-        path = url.removeprefix("sqlite:///")
-        if path == url or not path:
-            raise ConfigError(f"state.url {url!r}: only sqlite:///ABSOLUTE/PATH is supported")
-        return Path("/" + path.lstrip("/"))
+            return f"sqlite:///{self.home / 'state.db'}"
+        sqlite_path = url.removeprefix("sqlite:///")
+        if sqlite_path != url and sqlite_path:
+            return "sqlite:///" + "/" + sqlite_path.lstrip("/")
+        if url.startswith(("postgresql://", "postgres://")):
+            return url.replace("postgres://", "postgresql://", 1)
+        raise ConfigError(
+            f"state.url {url!r}: use sqlite:///ABSOLUTE/PATH or postgresql://USER@HOST/DB"
+        )
+
+    @property
+    def node_name(self) -> str:
+        return self.server.node_name or socket.gethostname()
 
 
 class ConfigError(ValueError):
@@ -265,5 +277,5 @@ def load_config(
     ):
         if var in env:
             setattr(section, key, _coerce(env[var], type(getattr(section, key))))
-    cfg.state_db  # noqa: B018 - a bad state.url stops the server here, not at first use
+    cfg.state_url  # noqa: B018 - a bad state.url stops the server here, not at first use
     return cfg

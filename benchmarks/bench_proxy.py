@@ -17,7 +17,8 @@ import time
 import httpx
 from e2b import Sandbox
 
-from agentenv.control.store import SqliteSandboxStore
+from agentenv.config import load_config
+from agentenv.control.store import SandboxRecord, SqlSandboxStore
 from agentenv.net.netns import plan_network
 from tests.live import TEST_KEY, LiveServer
 
@@ -26,10 +27,15 @@ from .harness import live_server
 
 def agent_url(server: LiveServer, sandbox_id: str) -> str:
     """Where the proxy itself sends this sandbox's traffic."""
-    store = SqliteSandboxStore(server.home / "state.db")
-    record = asyncio.run(store.get(sandbox_id))
-    asyncio.run(store.close())
-    assert record is not None
+
+    async def find() -> SandboxRecord:
+        store = await SqlSandboxStore.open(load_config(env=server.env).state_url, "bench")
+        try:
+            return next(r for r in await store.list_all() if r.sandbox_id == sandbox_id)
+        finally:
+            await store.close()
+
+    record = asyncio.run(find())
     plan = plan_network(
         record.slot,
         sandbox_id,

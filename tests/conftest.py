@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import secrets
+import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from agentenv.cluster.postgres import LocalPostgres
 from agentenv.config import load_config
 
 from .live import LiveServer
@@ -53,3 +57,28 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture
 def s3_bucket(s3_endpoint: str) -> str:
     return new_bucket(s3_endpoint)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """Debian's PostgreSQL with a data directory of its own, for the whole session."""
+    directory = Path(tempfile.mkdtemp(prefix="aenv-pg-", dir="/tmp"))
+    server = LocalPostgres(directory)
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+        subprocess.run(["rm", "-rf", str(directory)], check=False)
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> str:
+    """A new, empty database on the session's PostgreSQL."""
+    name = "t" + secrets.token_hex(6)
+    base = postgres_server.rsplit("/", 1)[0]
+    subprocess.run(
+        ["psql", f"{base}/postgres", "-c", f"CREATE DATABASE {name}"],
+        check=True,
+        capture_output=True,
+    )
+    return f"{base}/{name}"

@@ -54,9 +54,12 @@ def test_bad_env_value_names_the_variable() -> None:
 
 
 def test_state_url_places_the_state_store(tmp_path: Path) -> None:
-    assert load_config(env={"AENV_HOME": str(tmp_path)}).state_db == tmp_path / "state.db"
+    home = load_config(env={"AENV_HOME": str(tmp_path)})
+    assert home.state_url == f"sqlite:///{tmp_path / 'state.db'}"
     cfg = load_config(env={"AENV_STATE_URL": "sqlite:///srv/aenv/state.db"})
-    assert cfg.state_db == Path("/srv/aenv/state.db")
-    for bad in ("postgresql://db/aenv", "sqlite:///", "/srv/state.db"):
+    assert cfg.state_url == "sqlite:////srv/aenv/state.db"
+    cfg = load_config(env={"AENV_STATE_URL": "postgres://aenv:pw@db:5432/aenv"})
+    assert cfg.state_url == "postgresql://aenv:pw@db:5432/aenv"
+    for bad in ("mysql://db/aenv", "sqlite:///", "/srv/state.db"):
         with pytest.raises(ConfigError, match=r"state\.url"):
             load_config(env={"AENV_STATE_URL": bad})

@@ -1,17 +1,25 @@
-"""Sandbox state: the `SandboxStore` interface and its SQLite implementation."""
+"""Sandbox state: the `SandboxStore` interface and its implementation on SQLAlchemy, for
+SQLite (one node) and PostgreSQL (many nodes and control replicas)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
-import sqlite3
-import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
 from ..runtime.lifecycle import State
+from .schema import sandboxes
 
 
 @dataclass
@@ -45,20 +53,28 @@ class SandboxRecord:
     # parents its next upload is diffed against; `stored`: they are its paused files now.
     layers: dict[str, str] = field(default_factory=dict)
     stored: bool = False
+    # The node that runs it or holds its paused files (set by that node's store).
+    node: str = ""
 
 
 _JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers")
 _TIME_FIELDS = ("started_at", "end_at")
-_BOOL_FIELDS = ("auto_pause", "allow_internet", "auto_pause_memory", "stored")
 _COLUMNS = [f.name for f in fields(SandboxRecord)]
+_MIGRATIONS = Path(__file__).with_name("migrations")
+_DRIVERS = {"sqlite:": "sqlite+aiosqlite:", "postgresql:": "postgresql+asyncpg:"}
+# Any number: every process migrating one PostgreSQL store takes this lock first.
+_MIGRATION_LOCK = 0x61656E76
 
 
 class SandboxStore(Protocol):
-    """What the runtime needs from state storage; PostgreSQL implements the same later."""
+    """What a node's runtime needs from state storage: its own records (`node`'s)."""
+
+    node: str
 
     async def insert(self, record: SandboxRecord) -> None: ...
     async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
     async def list(self) -> list[SandboxRecord]: ...
+    async def list_all(self) -> list[SandboxRecord]: ...
     async def update(self, sandbox_id: str, **changes: Any) -> None: ...
     async def delete(self, sandbox_id: str) -> None: ...
     async def close(self) -> None: ...
@@ -72,112 +88,133 @@ def _to_row(values: dict[str, Any]) -> dict[str, Any]:
     for name in _TIME_FIELDS:
         if name in row:
             row[name] = row[name].isoformat()
-    for name in _BOOL_FIELDS:
-        if name in row:
-            row[name] = int(row[name])
     return row
 
 
-def _from_row(row: sqlite3.Row) -> SandboxRecord:
-    values = dict(row)
+def _from_row(row: sa.Row[Any]) -> SandboxRecord:
+    values = dict(row._mapping)
     for name in _JSON_FIELDS:
         values[name] = None if values[name] is None else json.loads(values[name])
     for name in _TIME_FIELDS:
         values[name] = datetime.fromisoformat(values[name])
-    for name in _BOOL_FIELDS:
-        values[name] = bool(values[name])
     values["state"] = State(values["state"])
     return SandboxRecord(**values)
 
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sandboxes (
-    sandbox_id TEXT PRIMARY KEY,
-    template_id TEXT NOT NULL,
-    state TEXT NOT NULL,
-    started_at TEXT NOT NULL,
-    end_at TEXT NOT NULL,
-    vcpus INTEGER NOT NULL,
-    memory_mb INTEGER NOT NULL,
-    disk_mb INTEGER NOT NULL,
-    slot INTEGER NOT NULL UNIQUE,
-    metadata TEXT NOT NULL,
-    env_vars TEXT NOT NULL,
-    auto_pause INTEGER NOT NULL,
-    allow_internet INTEGER NOT NULL,
-    access_token TEXT,
-    alias TEXT,
-    vm TEXT,
-    guest TEXT NOT NULL DEFAULT '{}',
-    auto_pause_memory INTEGER NOT NULL DEFAULT 1,
-    pause_mode TEXT,
-    layers TEXT NOT NULL DEFAULT '{}',
-    stored INTEGER NOT NULL DEFAULT 0
-);
-"""
-
-# Columns added after the first release, for stores an older server created. The cluster
-# issue moves schemas to a migration library; until then a store only ever gains columns.
-_ADDED_COLUMNS = {
-    "guest": "TEXT NOT NULL DEFAULT '{}'",
-    "auto_pause_memory": "INTEGER NOT NULL DEFAULT 1",
-    "pause_mode": "TEXT",
-    "layers": "TEXT NOT NULL DEFAULT '{}'",
-    "stored": "INTEGER NOT NULL DEFAULT 0",
-}
+def engine_url(url: str) -> str:
+    """SQLAlchemy's asyncio URL for a `state.url` (`sqlite:///PATH`, `postgresql://…`)."""
+    for scheme, driver in _DRIVERS.items():
+        if url.startswith(scheme):
+            return driver + url.removeprefix(scheme)
+    raise ValueError(f"state.url {url!r}: use sqlite:///PATH or postgresql://…")
 
 
-class SqliteSandboxStore:
-    """SQLite in WAL mode; calls run in a worker thread so the event loop never blocks."""
+def _migrate(connection: sa.Connection) -> None:
+    if connection.dialect.name == "postgresql":
+        # Replicas starting at once: one migrates, the others then find nothing to do.
+        connection.execute(sa.text(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})"))
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    command.upgrade(cfg, "head")
 
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        present = {row["name"] for row in self._db.execute("PRAGMA table_info(sandboxes)")}
-        for name, definition in _ADDED_COLUMNS.items():
-            if name not in present:
-                self._db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {definition}")
-        self._lock = threading.Lock()
 
-    async def _call(self, sql: str, params: Any = ()) -> list[sqlite3.Row]:
-        def run() -> list[sqlite3.Row]:
-            with self._lock:
-                return self._db.execute(sql, params).fetchall()
+async def open_engine(url: str) -> AsyncEngine:
+    """An engine on the store at `url`, its schema migrated to this version's."""
+    engine = create_async_engine(engine_url(url))
+    if engine.dialect.name == "sqlite":
+        if engine.url.database:
+            Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)
+        sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    try:
+        async with _sqlite_file_lock(engine):
+            async with engine.begin() as connection:
+                await connection.run_sync(_migrate)
+    except BaseException:
+        await engine.dispose()
+        raise
+    return engine
 
-        return await asyncio.to_thread(run)
+
+@contextlib.asynccontextmanager
+async def _sqlite_file_lock(engine: AsyncEngine) -> AsyncIterator[None]:
+    """For a SQLite file, processes opening it at once migrate it one after the other
+    (PostgreSQL has its advisory lock in `_migrate`)."""
+    if engine.dialect.name != "sqlite" or not engine.url.database:
+        yield
+        return
+    with open(engine.url.database + ".migrating", "a") as held:
+        await asyncio.to_thread(fcntl.flock, held, fcntl.LOCK_EX)
+        yield
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+class SqlSandboxStore:
+    """One node's records in a shared store; `list_all` sees every node's."""
+
+    def __init__(self, engine: AsyncEngine, node: str) -> None:
+        self.engine = engine
+        self.node = node
+
+    @classmethod
+    async def open(cls, url: str, node: str) -> SqlSandboxStore:
+        """Open (and migrate) the store; records no node owns yet (a store from before
+        nodes had names) become `node`'s."""
+        engine = await open_engine(url)
+        store = cls(engine, node)
+        async with engine.begin() as connection:
+            await connection.execute(
+                sa.update(sandboxes).where(sandboxes.c.node == "").values(node=node)
+            )
+        return store
+
+    def _mine(self, sandbox_id: str) -> sa.ColumnElement[bool]:
+        return sa.and_(sandboxes.c.sandbox_id == sandbox_id, sandboxes.c.node == self.node)
+
+    async def _rows(self, query: sa.Select[Any]) -> list[SandboxRecord]:
+        async with self.engine.connect() as connection:
+            return [_from_row(row) for row in await connection.execute(query)]
+
+    async def _write(self, statement: sa.Executable) -> None:
+        async with self.engine.begin() as connection:
+            await connection.execute(statement)
 
     async def insert(self, record: SandboxRecord) -> None:
+        record.node = self.node
         row = _to_row({name: getattr(record, name) for name in _COLUMNS})
-        names = ", ".join(row)
-        marks = ", ".join(f":{name}" for name in row)
-        await self._call(f"INSERT INTO sandboxes ({names}) VALUES ({marks})", row)
+        await self._write(sa.insert(sandboxes).values(**row))
 
     async def get(self, sandbox_id: str) -> SandboxRecord | None:
-        rows = await self._call("SELECT * FROM sandboxes WHERE sandbox_id = ?", (sandbox_id,))
-        return _from_row(rows[0]) if rows else None
+        rows = await self._rows(sa.select(sandboxes).where(self._mine(sandbox_id)))
+        return rows[0] if rows else None
 
     async def list(self) -> list[SandboxRecord]:
-        rows = await self._call("SELECT * FROM sandboxes ORDER BY started_at, sandbox_id")
-        return [_from_row(row) for row in rows]
+        order = (sandboxes.c.started_at, sandboxes.c.sandbox_id)
+        return await self._rows(
+            sa.select(sandboxes).where(sandboxes.c.node == self.node).order_by(*order)
+        )
+
+    async def list_all(self) -> list[SandboxRecord]:
+        order = (sandboxes.c.started_at, sandboxes.c.sandbox_id)
+        return await self._rows(sa.select(sandboxes).order_by(*order))
 
     async def update(self, sandbox_id: str, **changes: Any) -> None:
         unknown = set(changes) - set(_COLUMNS)
         if unknown:
             raise ValueError(f"unknown sandbox fields: {sorted(unknown)}")
-        row = _to_row(changes)
-        assignments = ", ".join(f"{name} = :{name}" for name in row)
-        await self._call(
-            f"UPDATE sandboxes SET {assignments} WHERE sandbox_id = :sandbox_id",
-            {**row, "sandbox_id": sandbox_id},
+        await self._write(
+            sa.update(sandboxes).where(self._mine(sandbox_id)).values(**_to_row(changes))
         )
 
     async def delete(self, sandbox_id: str) -> None:
-        await self._call("DELETE FROM sandboxes WHERE sandbox_id = ?", (sandbox_id,))
+        await self._write(sa.delete(sandboxes).where(self._mine(sandbox_id)))
 
     async def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        await self.engine.dispose()

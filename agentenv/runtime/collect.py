@@ -39,7 +39,8 @@ class Collector:
     def roots(self, loop: asyncio.AbstractEventLoop) -> set[str]:
         """Blocking (called by the collector's thread): every layer still in use."""
         roots: set[str] = set()
-        sandboxes = asyncio.run_coroutine_threadsafe(self.sandboxes.list(), loop).result()
+        # Every node's sandboxes: they share the object store.
+        sandboxes = asyncio.run_coroutine_threadsafe(self.sandboxes.list_all(), loop).result()
         for sandbox in sandboxes:
             roots.update(sandbox.layers.values())
         for template in self.templates.list():

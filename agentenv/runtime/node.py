@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from ..config import Config
-from ..control.store import SqliteSandboxStore
+from ..control.store import SqlSandboxStore
 from ..errors import Unavailable
 from ..guest.kit import load_kit
 from ..images.builder import TemplateBuilds
@@ -112,7 +112,7 @@ class Node:
         puller = ImagePuller(
             objects, registry, templates, cfg.home / "pull", cfg.sandbox.disk_size_mb * 2**20
         )
-        store = SqliteSandboxStore(cfg.state_db)
+        store = await SqlSandboxStore.open(cfg.state_url, cfg.node_name)
         stack.push_async_callback(store.close)
         driver = QemuDriver(cfg.vmm.qemu_binary, accel.name, run_dir_for(cfg.home))
         boot_snapshots = None

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 
-from agentenv.control.store import SandboxRecord, SqliteSandboxStore
+from agentenv.control.store import SandboxRecord, SqlSandboxStore
 
 
 def _record(sandbox_id: str, slot: int) -> SandboxRecord:
@@ -26,20 +28,29 @@ def _record(sandbox_id: str, slot: int) -> SandboxRecord:
     )
 
 
-async def test_round_trip_update_delete_and_persistence(tmp_path: Path) -> None:
-    store = SqliteSandboxStore(tmp_path / "state.db")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The same contract on both databases a store runs on."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    return request.getfixturevalue("postgres_url")
+
+
+async def test_round_trip_update_delete_and_persistence(state_url: str) -> None:
+    store = await SqlSandboxStore.open(state_url, "n1")
     await store.insert(_record("a", 0))
     await store.insert(_record("b", 1))
     await store.update("a", state="running", vm={"pid": 1}, allow_internet=False)
     await store.close()
 
-    store = SqliteSandboxStore(tmp_path / "state.db")
+    store = await SqlSandboxStore.open(state_url, "n1")
     got = await store.get("a")
     assert got is not None
     assert got.state == "running"
     assert got.vm == {"pid": 1}
     assert got.allow_internet is False
     assert got.metadata == {"k": "v"}
+    assert got.node == "n1"
     assert got.started_at == datetime(2026, 1, 1, tzinfo=UTC)
     await store.delete("a")
     assert [r.sandbox_id for r in await store.list()] == ["b"]
@@ -47,14 +58,33 @@ async def test_round_trip_update_delete_and_persistence(tmp_path: Path) -> None:
     await store.close()
 
 
-async def test_slots_are_unique_and_unknown_fields_refused(tmp_path: Path) -> None:
-    store = SqliteSandboxStore(tmp_path / "state.db")
+async def test_slots_are_unique_per_node_and_unknown_fields_refused(state_url: str) -> None:
+    store = await SqlSandboxStore.open(state_url, "n1")
     await store.insert(_record("a", 0))
-    with pytest.raises(Exception, match="UNIQUE"):
+    with pytest.raises(IntegrityError):
         await store.insert(_record("b", 0))
     with pytest.raises(ValueError, match="unknown sandbox fields"):
         await store.update("a", colour="red")
     await store.close()
+
+
+async def test_nodes_sharing_a_store_see_their_own_records(state_url: str) -> None:
+    """Two nodes open one store at once (both migrate it); each lists, changes and
+    deletes only its own records, while `list_all` sees everyone's."""
+    one, two = await asyncio.gather(
+        SqlSandboxStore.open(state_url, "n1"), SqlSandboxStore.open(state_url, "n2")
+    )
+    await asyncio.gather(*(one.insert(_record(f"a{i}", i)) for i in range(5)))
+    await asyncio.gather(*(two.insert(_record(f"b{i}", i)) for i in range(5)))
+    assert {r.sandbox_id for r in await one.list()} == {f"a{i}" for i in range(5)}
+    assert await two.get("a0") is None
+    await two.update("a0", state="running")
+    await two.delete("a1")
+    assert {r.sandbox_id for r in await one.list()} >= {"a0", "a1"}
+    assert (await one.get("a0")).state == "creating"  # type: ignore[union-attr]
+    assert len(await two.list_all()) == 10
+    await one.close()
+    await two.close()
 
 
 async def test_a_store_an_older_server_made_gains_the_new_columns(tmp_path: Path) -> None:
@@ -76,7 +106,7 @@ async def test_a_store_an_older_server_made_gains_the_new_columns(tmp_path: Path
     db.commit()
     db.close()
 
-    store = SqliteSandboxStore(tmp_path / "state.db")
+    store = await SqlSandboxStore.open(f"sqlite:///{tmp_path / 'state.db'}", "n1")
     old = await store.get("old")
     assert old is not None
     assert (old.guest, old.auto_pause_memory, old.pause_mode) == ({}, True, None)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agentenv.config import Config
-from agentenv.control.store import SqliteSandboxStore
+from agentenv.control.store import SqlSandboxStore
 from agentenv.guest.kit import Kit
 from agentenv.images.catalog import Template
 from agentenv.runtime import manager as manager_module
@@ -206,7 +206,7 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
     rootfs = tmp_path / "rootfs.ext4"
     rootfs.write_bytes(b"\0" * 4096)
     kit = Kit(tmp_path / "vmlinuz", tmp_path / "initrd", tmp_path / "runtime.ext4", "kit1")
-    store = SqliteSandboxStore(cfg.state_db)
+    store = await SqlSandboxStore.open(cfg.state_url, "node-1")
     driver = FakeDriver()
     manager = SandboxManager(cfg, store, driver, kit, FakeCatalog(rootfs))  # type: ignore[arg-type]
     agent = FakeAgent()

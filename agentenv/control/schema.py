@@ -1,0 +1,41 @@
+"""The state store's tables, described once for every database it runs on (SQLite,
+PostgreSQL); `migrations/` moves a store from any earlier schema to this one."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+# Times are ISO 8601 text in UTC and JSON is text: the same bytes on every database, and
+# what stores made before migrations existed already hold.
+sandboxes = sa.Table(
+    "sandboxes",
+    metadata,
+    sa.Column("sandbox_id", sa.Text, primary_key=True),
+    # The node that runs it or holds its paused files; "" while no node does (its node was
+    # lost and its files are in the object store).
+    sa.Column("node", sa.Text, nullable=False, server_default=""),
+    sa.Column("template_id", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("started_at", sa.Text, nullable=False),
+    sa.Column("end_at", sa.Text, nullable=False),
+    sa.Column("vcpus", sa.Integer, nullable=False),
+    sa.Column("memory_mb", sa.Integer, nullable=False),
+    sa.Column("disk_mb", sa.Integer, nullable=False),
+    sa.Column("slot", sa.Integer, nullable=False),
+    sa.Column("metadata", sa.Text, nullable=False),
+    sa.Column("env_vars", sa.Text, nullable=False),
+    sa.Column("auto_pause", sa.Boolean, nullable=False),
+    sa.Column("allow_internet", sa.Boolean, nullable=False),
+    sa.Column("access_token", sa.Text),
+    sa.Column("alias", sa.Text),
+    sa.Column("vm", sa.Text),
+    sa.Column("guest", sa.Text, nullable=False, server_default="{}"),
+    sa.Column("auto_pause_memory", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("pause_mode", sa.Text),
+    sa.Column("layers", sa.Text, nullable=False, server_default="{}"),
+    sa.Column("stored", sa.Boolean, nullable=False, server_default=sa.false()),
+    # A network slot is a node's: two nodes may both use slot 0.
+    sa.UniqueConstraint("node", "slot", name="sandboxes_node_slot"),
+)
