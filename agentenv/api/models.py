@@ -114,6 +114,8 @@ class ListedSandbox(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     state: Literal["running", "paused"]
     envdVersion: str
+    # The node that runs it or holds its paused files (not in E2B's API).
+    node: str | None = None
 
 
 class Lifecycle(BaseModel):

@@ -72,6 +72,7 @@ def _listed_fields(record: SandboxRecord) -> dict:
         "metadata": record.metadata,
         "state": PUBLIC_STATE[record.state],
         "envdVersion": ENVD_VERSION,
+        "node": record.node or None,
     }
 
 

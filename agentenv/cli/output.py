@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-SANDBOX_COLUMNS = ("SANDBOX ID", "TEMPLATE", "STATE", "STARTED", "ENDS", "METADATA")
+SANDBOX_COLUMNS = ("SANDBOX ID", "TEMPLATE", "STATE", "NODE", "STARTED", "ENDS", "METADATA")
 
 
 def print_json(data: Any, out: TextIO) -> None:
@@ -70,6 +70,7 @@ def sandbox_rows(items: Sequence[dict[str, Any]], now: datetime | None = None) -
                 str(sbx.get("sandboxID", "")),
                 str(sbx.get("alias") or sbx.get("templateID") or ""),
                 str(sbx.get("state", "")),
+                str(sbx.get("node") or ""),
                 relative(sbx.get("startedAt"), now),
                 relative(sbx.get("endAt"), now),
                 ",".join(f"{k}={v}" for k, v in meta.items()) if isinstance(meta, dict) else "",
