@@ -15,6 +15,9 @@ def _default_home() -> str:
     return "/var/lib/aenv" if os.geteuid() == 0 else str(Path.home() / ".aenv")
 
 
+ROLES = ("all", "control", "node")
+
+
 @dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
@@ -25,8 +28,13 @@ class ServerConfig:
     domain: str = ""
     # Largest control-plane request body (JSON); file transfers to guests are not bounded.
     max_body_bytes: int = 1024 * 1024
+    # "all": API, proxy and sandboxes in one process (a single machine). In a cluster:
+    # "control" (API and proxy in front of nodes, no sandboxes) or "node" (sandboxes).
+    role: str = "all"
     # This node's name in a shared state store; empty means the host's name.
     node_name: str = ""
+    # Where the control plane reaches this node; empty means http://HOST:PORT.
+    advertise_url: str = ""
 
 
 @dataclass
@@ -160,6 +168,15 @@ class RegistryConfig:
 
 
 @dataclass
+class ClusterConfig:
+    # Seconds between a node's heartbeats into the state store.
+    heartbeat_interval: float = 2.0
+    # A node silent this long is declared lost: its running sandboxes are gone, its stored
+    # paused ones resume on other nodes.
+    node_timeout: float = 15.0
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -171,6 +188,7 @@ class Config:
     state: StateConfig = field(default_factory=StateConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property
     def home(self) -> Path:
@@ -215,6 +233,10 @@ class Config:
     @property
     def node_name(self) -> str:
         return self.server.node_name or socket.gethostname()
+
+    @property
+    def advertise_url(self) -> str:
+        return self.server.advertise_url or f"http://{self.server.host}:{self.server.port}"
 
 
 class ConfigError(ValueError):
@@ -278,4 +300,6 @@ def load_config(
         if var in env:
             setattr(section, key, _coerce(env[var], type(getattr(section, key))))
     cfg.state_url  # noqa: B018 - a bad state.url stops the server here, not at first use
+    if cfg.server.role not in ROLES:
+        raise ConfigError(f"server.role {cfg.server.role!r}: use one of {', '.join(ROLES)}")
     return cfg

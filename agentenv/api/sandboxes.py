@@ -16,6 +16,7 @@ from ..errors import AenvError, InvalidInput
 from ..guest.agent import ENVD_VERSION
 from ..images.pull import default_name
 from ..images.reference import parse_reference
+from ..runtime.adoption import adopt
 from ..runtime.lifecycle import PUBLIC_STATE
 from ..runtime.manager import CreateRequest
 from ..runtime.node import Node
@@ -198,6 +199,12 @@ async def get_sandbox(manager: ManagerDep, cfg: ConfigDep, sandbox_id: str) -> S
 async def kill_sandbox(manager: ManagerDep, sandbox_id: str) -> Response:
     await manager.kill(sandbox_id)
     return Response(status_code=204)
+
+
+@router.post("/sandboxes/{sandbox_id}/adopt", status_code=204)
+async def adopt_sandbox(node: NodeDep, sandbox_id: str) -> None:
+    """Not E2B's: the control plane moves a lost node's paused sandbox to this node."""
+    await adopt(node.manager, node.nodes, sandbox_id)
 
 
 @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)

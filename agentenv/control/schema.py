@@ -39,3 +39,19 @@ sandboxes = sa.Table(
     # A network slot is a node's: two nodes may both use slot 0.
     sa.UniqueConstraint("node", "slot", name="sandboxes_node_slot"),
 )
+
+# Nodes register here and heartbeat; the control plane places on those that are `active`.
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    # Where the control plane reaches the node's API and data plane.
+    sa.Column("url", sa.Text, nullable=False),
+    # active | draining | lost
+    sa.Column("state", sa.Text, nullable=False),
+    # What the node last reported (NodeCapacity as JSON).
+    sa.Column("capacity", sa.Text, nullable=False, server_default="{}"),
+    # Seconds since the epoch, by the writer's clock (nodes of one cluster keep time).
+    sa.Column("heartbeat_at", sa.Float, nullable=False),
+    sa.Column("registered_at", sa.Float, nullable=False),
+)

@@ -75,6 +75,10 @@ class SandboxStore(Protocol):
     async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
     async def list(self) -> list[SandboxRecord]: ...
     async def list_all(self) -> list[SandboxRecord]: ...
+    async def get_any(self, sandbox_id: str) -> SandboxRecord | None: ...
+    async def take_over(
+        self, record: SandboxRecord, slot: int, state: State, vm: dict[str, Any] | None
+    ) -> bool: ...
     async def update(self, sandbox_id: str, **changes: Any) -> None: ...
     async def delete(self, sandbox_id: str) -> None: ...
     async def close(self) -> None: ...
@@ -204,6 +208,33 @@ class SqlSandboxStore:
     async def list_all(self) -> list[SandboxRecord]:
         order = (sandboxes.c.started_at, sandboxes.c.sandbox_id)
         return await self._rows(sa.select(sandboxes).order_by(*order))
+
+    async def get_any(self, sandbox_id: str) -> SandboxRecord | None:
+        """The record whichever node it belongs to."""
+        rows = await self._rows(sa.select(sandboxes).where(sandboxes.c.sandbox_id == sandbox_id))
+        return rows[0] if rows else None
+
+    async def take_over(
+        self, record: SandboxRecord, slot: int, state: State, vm: dict[str, Any] | None
+    ) -> bool:
+        """Make another node's record this node's, with a slot and a VM handle of this
+        node's, unless it changed meanwhile: only one node can take it."""
+        taken = await self._update_rows(
+            sa.update(sandboxes)
+            .where(
+                sandboxes.c.sandbox_id == record.sandbox_id,
+                sandboxes.c.node == record.node,
+                sandboxes.c.state == record.state.value,
+            )
+            .values(node=self.node, slot=slot, state=state.value, vm=_to_row({"vm": vm})["vm"])
+        )
+        if taken:
+            record.node, record.slot, record.state, record.vm = self.node, slot, state, vm
+        return taken
+
+    async def _update_rows(self, statement: sa.Update) -> int:
+        async with self.engine.begin() as connection:
+            return (await connection.execute(statement)).rowcount
 
     async def update(self, sandbox_id: str, **changes: Any) -> None:
         unknown = set(changes) - set(_COLUMNS)

@@ -40,6 +40,8 @@ class Event(StrEnum):
     FAILED = "failed"
     # A resume failed after the restored guest ran: its saved state no longer matches.
     LOST = "lost"
+    # Another node takes the sandbox of a node that was lost (`runtime/adoption.py`).
+    ADOPT = "adopt"
 
 
 # (state, event) -> next state. Anything absent is refused with `TransitionError`.
@@ -64,6 +66,10 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.ROLLING_BACK, Event.DONE): State.RUNNING,
     (State.ROLLING_BACK, Event.FAILED): State.PAUSED,
     (State.ROLLING_BACK, Event.LOST): State.KILLING,
+    # Only a sandbox at rest in the object store outlives its node; a copy under way died
+    # with it, and the sandbox is paused at its stored files.
+    (State.PAUSED, Event.ADOPT): State.PAUSED,
+    (State.COPYING, Event.ADOPT): State.PAUSED,
     # Kill is always possible, from a stuck transient state too; killing again retries.
     **{(state, Event.KILL): State.KILLING for state in State},
 }

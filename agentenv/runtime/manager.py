@@ -253,13 +253,17 @@ class SandboxManager:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
 
-    async def _admit(self, demand: Demand, exclude: str | None = None) -> None:
+    async def committed(self, exclude: str | None = None) -> list[Demand]:
+        """What this node's sandbox records hold (but `exclude`'s)."""
         records = [r for r in await self.store.list() if r.sandbox_id != exclude]
-        committed = [demand_of(r) for r in records if r.state in HOLDS_MEMORY]
         # Paused sandboxes hold disk but no memory.
-        committed += [
-            Demand(0, demand_of(r).disk_mb, 0) for r in records if r.state not in HOLDS_MEMORY
+        return [
+            demand_of(r) if r.state in HOLDS_MEMORY else Demand(0, demand_of(r).disk_mb, 0)
+            for r in records
         ]
+
+    async def _admit(self, demand: Demand, exclude: str | None = None) -> None:
+        committed = await self.committed(exclude)
         await asyncio.to_thread(
             admit, demand, committed, self.capacity, self.cfg.sandbox, self.cfg.home
         )

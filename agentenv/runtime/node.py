@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 from ..config import Config
+from ..control.nodes import NodeRegistry
 from ..control.store import SqlSandboxStore
 from ..errors import Unavailable
 from ..guest.kit import load_kit
@@ -30,6 +31,7 @@ from .bootsnap import BootSnapshots, Shape
 from .collect import Collector
 from .creation import SandboxCreations
 from .fork import SandboxForks
+from .heartbeat import NodePresence
 from .manager import SandboxManager, guest_kernel_args
 from .pause import SandboxPauses
 from .persist import Uploads
@@ -59,9 +61,11 @@ class Node:
         puller: ImagePuller,
         builds: TemplateBuilds,
         stack: contextlib.AsyncExitStack,
+        nodes: NodeRegistry,
         warm_pool: WarmPool | None = None,
     ) -> None:
         self.cfg = cfg
+        self.nodes = nodes
         self.accelerator = accelerator
         self.manager = manager
         self.forks = SandboxForks(manager)
@@ -147,12 +151,20 @@ class Node:
             pool = WarmPool(manager, cfg.sandbox.warm_pool)
             stack.push_async_callback(pool.close)
             stack.push_async_callback(_cancelled, asyncio.create_task(pool.run()))
-        node = cls(cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, pool)
-        for task in (
+        nodes = NodeRegistry(store.engine)
+        node = cls(
+            cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, nodes, pool
+        )
+        tasks = [
             run_sweeper(node.pauses),
             collector.run_every(cfg.storage),
             served_ram.run_every(_RAM_SWEEP_INTERVAL),
-        ):
+        ]
+        if cfg.server.role == "node":
+            presence = NodePresence(nodes, manager, snapshots, blockd)
+            await presence.register()
+            tasks.append(presence.run(cfg.cluster.heartbeat_interval))
+        for task in tasks:
             stack.push_async_callback(_cancelled, asyncio.create_task(task))
         return node
 

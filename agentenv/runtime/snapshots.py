@@ -72,6 +72,18 @@ class SandboxSnapshots:
     def files(self, snapshot: SnapshotRecord) -> Path:
         return self.root / snapshot.name / snapshot.tag
 
+    def local_ids(self) -> list[str]:
+        """Blocking: the snapshots (`name:tag`) whose files are on this node."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            f"{name.name}:{tag.name}"
+            for name in self.root.iterdir()
+            if name.is_dir() and not name.name.startswith(".")
+            for tag in name.iterdir()
+            if tag.is_dir()
+        )
+
     def _fetched(self, snapshot: SnapshotRecord) -> Path:
         """Marks a copy fetched from the object store, with the host's boot it was made in."""
         return self.root / _FETCHED / f"{snapshot.name}:{snapshot.tag}"

@@ -439,7 +439,8 @@ class QemuDriver:
         child = self._children.pop(handle.pid, None)
         if child is not None:
             await child.wait()
-        Path(handle.extra["qmp"]).unlink(missing_ok=True)
+        if "qmp" in handle.extra:  # a handle another node's VM left has no socket here
+            Path(handle.extra["qmp"]).unlink(missing_ok=True)
 
     async def _wait_gone(self, handle: VmHandle, timeout: float) -> bool:
         # A zombie has an empty command line, so this is False as soon as QEMU exits.

@@ -7,6 +7,7 @@ import asyncio
 import os
 import shutil
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -29,8 +30,10 @@ from .fakes import Harness, make_harness
 
 
 @pytest.fixture
-async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harness:
-    return await make_harness(tmp_path, monkeypatch)
+async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
+    harness = await make_harness(tmp_path, monkeypatch)
+    yield harness
+    await harness.manager.store.close()
 
 
 def gone(h: Harness, sandbox_id: str) -> bool:
