@@ -1,0 +1,101 @@
+"""Streaming one HTTP exchange through to an upstream (a guest port, or a node behind
+the control plane): request body in, response out, until either side goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[dict[str, Any]], Any]
+
+# Connection-scoped headers (RFC 9110 §7.6.1) never travel on.
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
+    b"trailer", b"transfer-encoding", b"upgrade", b"content-length",
+})  # fmt: skip
+
+
+async def send_error(send: Send, status: int, message: str) -> None:
+    """An error as the API gives them: JSON `{"code", "message"}`."""
+    body = json.dumps({"code": status, "message": message}).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+def has_body(headers: dict[bytes, bytes]) -> bool:
+    return b"content-length" in headers or b"transfer-encoding" in headers
+
+
+async def request_body(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        body = message.get("body", b"")
+        if body:
+            yield body
+        if not message.get("more_body", False):
+            return
+
+
+async def _client_gone(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def stream_through(
+    client: httpx.AsyncClient,
+    request: httpx.Request,
+    receive: Receive,
+    send: Send,
+    unreachable: Callable[[httpx.HTTPError], str],
+) -> None:
+    """Send `request` and stream the answer to the client; 502 with `unreachable(error)`
+    when the upstream cannot be reached."""
+    try:
+        upstream = await client.send(request, stream=True)
+    except httpx.HTTPError as exc:
+        await send_error(send, 502, unreachable(exc))
+        return
+    # The request body is sent by now. A client that goes away mid-stream (an aborted
+    # WatchDir or command stream) must end the upstream stream too: the server's `send`
+    # drops data silently after a disconnect, so without this the copy would wait on the
+    # upstream forever (and, once it is gone, on a dead address with no timeout).
+    relay = asyncio.ensure_future(_relay(send, upstream, str(request.url)))
+    gone = asyncio.ensure_future(_client_gone(receive))
+    try:
+        await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        relay.cancel()
+        gone.cancel()
+        await asyncio.gather(relay, gone, return_exceptions=True)
+        await upstream.aclose()
+    if relay.done() and not relay.cancelled() and relay.exception() is not None:
+        raise relay.exception()
+
+
+async def _relay(send: Send, upstream: httpx.Response, source: str) -> None:
+    try:
+        await send({
+            "type": "http.response.start",
+            "status": upstream.status_code,
+            "headers": [(k, v) for k, v in upstream.headers.raw if k.lower() not in HOP_BY_HOP],
+        })  # fmt: skip
+        async for chunk in upstream.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    except httpx.HTTPError as exc:
+        log.warning("stream from %s broke: %s", source, exc)
