@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network
 from pathlib import Path
 
-from agentenv.net.policy import host_chains
+from agentenv.net.netns import remove_host_forwarding
 
 METADATA_IP = "169.254.169.254"
 # What the lab's DNS resolver answers for any name.
@@ -122,13 +122,7 @@ def remove_link(name: str) -> None:
 
 def remove_host_chains(name_prefix: str, host_subnet: str) -> None:
     """Undo `ensure_host_forwarding` for one prefix: jumps, rules and chains."""
-    for chain in host_chains(name_prefix, host_subnet):
-        for args in (
-            ["-D", chain.parent, "-j", chain.name],
-            ["-F", chain.name],
-            ["-X", chain.name],
-        ):
-            subprocess.run(["iptables", "-t", chain.table, *args], capture_output=True, check=False)
+    remove_host_forwarding(host_subnet, name_prefix)
 
 
 def host_addresses() -> list[str]:

@@ -133,29 +133,30 @@ async def create_sandbox(node: NodeDep, body: NewSandbox) -> Sandbox:
     return await _create(node, body, secure=body.secure)
 
 
-@router.get("/v2/sandboxes")
-async def list_sandboxes_v2(
-    manager: ManagerDep,
+def listed_page(
+    records: list[SandboxRecord],
     response: Response,
-    metadata: str | None = None,
-    state: Annotated[list[str] | None, Query()] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 100,
-    nextToken: str | None = None,
-    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
+    metadata: str | None,
+    state: list[str] | None,
+    limit: int,
+    next_token: str | None,
+    order: str,
 ) -> list[ListedSandbox]:
+    """One page of `GET /v2/sandboxes` over `records`, filtered and in E2B's order; the
+    next page's token goes in `x-next-token`."""
     wanted_states = {s for value in state or [] for s in value.split(",") if s}
     if wanted_states - {"running", "paused"}:
         raise InvalidInput(f"unknown state filter: {sorted(wanted_states)}")
     wanted_meta = parse_metadata_filter(metadata)
     records = [
         r
-        for r in await manager.list()
+        for r in records
         if (not wanted_states or PUBLIC_STATE[r.state] in wanted_states)
         and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
     ]
     records.sort(key=lambda r: (r.started_at, r.sandbox_id), reverse=order == "desc")
-    if nextToken:
-        cursor = decode_cursor(nextToken)
+    if next_token:
+        cursor = decode_cursor(next_token)
         if order == "desc":
             records = [r for r in records if (r.started_at, r.sandbox_id) < cursor]
         else:
@@ -166,33 +167,54 @@ async def list_sandboxes_v2(
     return [ListedSandbox(**_listed_fields(r)) for r in page]
 
 
-@router.get("/sandboxes")
-async def list_sandboxes_v1(
-    manager: ManagerDep, metadata: str | None = None
-) -> list[ListedSandbox]:
-    """SDK 1.x: running sandboxes only, unpaginated."""
+def running_listed(records: list[SandboxRecord], metadata: str | None) -> list[ListedSandbox]:
+    """`GET /sandboxes` (SDK 1.x) over `records`: running sandboxes only, unpaginated."""
     wanted_meta = parse_metadata_filter(metadata)
     return [
         ListedSandbox(**_listed_fields(r))
-        for r in await manager.list()
+        for r in records
         if PUBLIC_STATE[r.state] == "running"
         and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
     ]
 
 
-@router.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
-async def get_sandbox(manager: ManagerDep, cfg: ConfigDep, sandbox_id: str) -> SandboxDetail:
-    record = await manager.get(sandbox_id)
+def sandbox_detail(record: SandboxRecord, domain: str | None) -> SandboxDetail:
     paused = PUBLIC_STATE[record.state] == "paused"
     return SandboxDetail(
         **_listed_fields(record),
         envdAccessToken=record.access_token,
         allowInternetAccess=record.allow_internet,
-        domain=public_domain(cfg),
+        domain=domain,
         lifecycle=Lifecycle(autoResume=False, onTimeout="pause" if record.auto_pause else "kill"),
         pauseMode=record.pause_mode if paused else None,
         storage=("stored" if record.stored else "uploading") if paused else None,
     )
+
+
+@router.get("/v2/sandboxes")
+async def list_sandboxes_v2(
+    manager: ManagerDep,
+    response: Response,
+    metadata: str | None = None,
+    state: Annotated[list[str] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 100,
+    nextToken: str | None = None,
+    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
+) -> list[ListedSandbox]:
+    return listed_page(await manager.list(), response, metadata, state, limit, nextToken, order)
+
+
+@router.get("/sandboxes")
+async def list_sandboxes_v1(
+    manager: ManagerDep, metadata: str | None = None
+) -> list[ListedSandbox]:
+    """SDK 1.x: running sandboxes only, unpaginated."""
+    return running_listed(await manager.list(), metadata)
+
+
+@router.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
+async def get_sandbox(manager: ManagerDep, cfg: ConfigDep, sandbox_id: str) -> SandboxDetail:
+    return sandbox_detail(await manager.get(sandbox_id), public_domain(cfg))
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)

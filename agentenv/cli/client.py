@@ -107,6 +107,11 @@ class ApiClient(_Base):
             raise ApiError.from_response(resp)
         return resp
 
+    def call_json(self, method: str, path: str) -> Any:
+        """A call without a body; its JSON answer (None when it has none)."""
+        resp = self._call(method, path)
+        return resp.json() if resp.content else None
+
     def list_templates(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v2/templates").json()
 

@@ -43,6 +43,8 @@ def cmd_server(ctx: Context, args: argparse.Namespace) -> int:
         cfg.server.host = args.host
     if args.port is not None:
         cfg.server.port = args.port
+    if args.role:
+        cfg.server.role = args.role
     run_server = import_attr("agentenv.server", "run_server")
     run_server(cfg)
     return 0

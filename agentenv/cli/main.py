@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import httpx
 
-from agentenv.cli import commands, doctor, files, host, snapshots, templates
+from agentenv.cli import cluster, commands, doctor, files, host, snapshots, templates
 from agentenv.cli.client import ApiError, ServerUnreachable
 from agentenv.cli.context import CliError, Context
 from agentenv.guest.rpc import ConnectError
@@ -147,9 +147,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rebuild even if present")
     _config_arg(p)
 
+    group = sub.add_parser("cluster", help="a local cluster", description="a local cluster")
+    group_sub = group.add_subparsers(dest="cluster_command", metavar="COMMAND", required=True)
+    p = _add(group_sub, "up", cluster.cmd_cluster_up, "start PostgreSQL, S3, control and nodes")
+    p.add_argument("--nodes", type=int, default=2, help="how many nodes (default 2)")
+    p.add_argument("--dir", required=True, help="where the cluster keeps its data and logs")
+    p.add_argument("--port", type=int, help="control plane port (default: a free one)")
+    _config_arg(p)
+    p = _add(group_sub, "status", cluster.cmd_cluster_status, "list the cluster's processes")
+    p.add_argument("--dir", required=True)
+    p.add_argument("-o", "--output", choices=("table", "json"))
+    _config_arg(p)
+    p = _add(group_sub, "down", cluster.cmd_cluster_down, "stop everything the cluster started")
+    p.add_argument("--dir", required=True)
+    _config_arg(p)
+
+    group = sub.add_parser("node", help="a cluster's nodes", description="a cluster's nodes")
+    group_sub = group.add_subparsers(dest="node_command", metavar="COMMAND", required=True)
+    p = _add(group_sub, "ls", cluster.cmd_node_ls, "list the nodes")
+    p.add_argument("-o", "--output", choices=("table", "json"))
+    p = _add(group_sub, "drain", cluster.cmd_node_drain, "stop placing on a node")
+    p.add_argument("name", metavar="NODE")
+    p = _add(group_sub, "rm", cluster.cmd_node_rm, "forget a node")
+    p.add_argument("name", metavar="NODE")
+
     p = _add(sub, "server", host.cmd_server, "run the API server")
     p.add_argument("--host", help="listen address (default from config)")
     p.add_argument("--port", type=int, help="listen port (default from config)")
+    p.add_argument(
+        "--role",
+        choices=("all", "control", "node"),
+        help="all: one machine (default); control: API in front of nodes; node: sandboxes",
+    )
     _config_arg(p)
     return parser
 

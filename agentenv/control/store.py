@@ -232,7 +232,20 @@ class SqlSandboxStore:
             record.node, record.slot, record.state, record.vm = self.node, slot, state, vm
         return taken
 
-    async def _update_rows(self, statement: sa.Update) -> int:
+    async def forget(self, record: SandboxRecord) -> bool:
+        """Delete another node's record, unless it changed meanwhile (the control plane
+        drops the sandboxes a lost node took with it)."""
+        return bool(
+            await self._update_rows(
+                sa.delete(sandboxes).where(
+                    sandboxes.c.sandbox_id == record.sandbox_id,
+                    sandboxes.c.node == record.node,
+                    sandboxes.c.state == record.state.value,
+                )
+            )
+        )
+
+    async def _update_rows(self, statement: sa.Update | sa.Delete) -> int:
         async with self.engine.begin() as connection:
             return (await connection.execute(statement)).rowcount
 

@@ -9,6 +9,7 @@ may reach is decided in `policy`.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from pathlib import Path
 
 from .plan import GATEWAY_MAC, TAP_NAME, NetworkError, NetworkPlan, plan_network
@@ -58,6 +59,18 @@ async def ensure_host_forwarding(host_subnet: str, name_prefix: str) -> None:
             await _run("iptables", "-t", chain.table, "-C", chain.parent, "-j", chain.name)
         except NetworkError:
             await _run("iptables", "-t", chain.table, "-I", chain.parent, "-j", chain.name)
+
+
+def remove_host_forwarding(host_subnet: str, name_prefix: str) -> None:
+    """Blocking: undo `ensure_host_forwarding` for one server (jumps, rules, chains), for
+    a server that is gone for good; what is already gone is skipped."""
+    for chain in host_chains(name_prefix, host_subnet):
+        for args in (
+            ["-D", chain.parent, "-j", chain.name],
+            ["-F", chain.name],
+            ["-X", chain.name],
+        ):
+            subprocess.run(["iptables", "-t", chain.table, *args], capture_output=True, check=False)
 
 
 def _namespace_sysctls() -> list[str]:

@@ -16,6 +16,7 @@ import pytest
 from agentenv.config import load_config
 from agentenv.images.base import build_base_template
 from agentenv.images.convert import loop_mount
+from agentenv.net.netns import list_namespaces
 from agentenv.storage.blockd import BlockdClient
 
 from ..images.oci_build import LayerBuilder, build_image, build_layer, push_image
@@ -203,7 +204,10 @@ def test_s3_backend_end_to_end(
     assert run(fresh_server, paused, "echo kept > /tmp/kept; echo kept > note")[2] == 0
     _pause_until_stored(fresh_server, paused["sandboxID"])
     fresh_server.stop()
-    BlockdClient(load_config(env=fresh_server.env)).stop()  # nothing served from there
+    # That node is gone for good: nothing is served from there, its namespaces go.
+    BlockdClient(load_config(env=fresh_server.env)).stop()
+    for netns in list_namespaces(fresh_server.prefix):
+        subprocess.run(["ip", "netns", "del", netns], check=False)
 
     # Another home: the template's image is served under another path there.
     second = LiveServer(fresh_server.home.parent / "second-node", extra_env=dict(s3))

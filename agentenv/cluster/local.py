@@ -1,0 +1,351 @@
+"""`aenv cluster up|status|down`: a whole cluster as processes on this host, for trying
+and testing: Debian's PostgreSQL, an S3 server (moto), one control plane and N nodes,
+each node with its own home, port, network name prefix and subnet.
+
+What it started is written to `DIR/cluster.json` (pids, ports, homes), so `status` and
+`down` work from any shell; `down` kills the sandboxes, stops every process, removes the
+nodes' host firewall chains and block daemons, and leaves only `DIR` (logs, data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+
+from ..config import Config, load_config
+from ..net.netns import list_namespaces, remove_host_forwarding
+from ..storage.blockd import BlockdClient
+from .postgres import LocalPostgres, free_port
+
+STATE_FILE = "cluster.json"
+BUCKET = "aenv"
+S3_KEYS = {"access_key": "aenv", "secret_key": "aenv-local-cluster"}
+_AENV = str(Path(sys.executable).with_name("aenv"))
+_MOTO = str(Path(sys.executable).with_name("moto_server"))
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be brought up, inspected or taken down."""
+
+
+@dataclass
+class Member:
+    """One process the cluster started."""
+
+    name: str
+    role: str  # control | node | s3
+    pid: int
+    port: int
+    log: str
+    home: str = ""
+    # Network name prefix and subnet of a node (its host chains go with it).
+    prefix: str = ""
+    subnet: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class ClusterState:
+    api_key: str
+    state_url: str
+    s3_endpoint: str
+    members: list[Member] = field(default_factory=list)
+
+    @property
+    def control(self) -> Member:
+        return next(m for m in self.members if m.role == "control")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _free_subnet(taken: set[str]) -> str:
+    used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
+    for octet in range(120, 190):
+        subnet = f"10.{octet}.0.0/16"
+        if f" 10.{octet}." not in used and subnet not in taken:
+            return subnet
+    raise ClusterError("no free 10.x.0.0/16 subnet for a node")
+
+
+class LocalCluster:
+    """The cluster whose files live in `directory`."""
+
+    def __init__(
+        self, directory: Path, base: Config | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        self.directory = directory.resolve()
+        # Kit and images are shared by every node: built once, where this host keeps them.
+        self.base = base or load_config()
+        # Settings every server of the cluster gets (AENV_* variables).
+        self.env = dict(env or {})
+
+    @property
+    def _state_file(self) -> Path:
+        return self.directory / STATE_FILE
+
+    def load(self) -> ClusterState | None:
+        try:
+            doc = json.loads(self._state_file.read_text())
+        except FileNotFoundError:
+            return None
+        members = [Member(**m) for m in doc.pop("members")]
+        return ClusterState(members=members, **doc)
+
+    def _save(self, state: ClusterState) -> None:
+        partial = self._state_file.with_suffix(".tmp")
+        partial.write_text(json.dumps(asdict(state), indent=2))
+        partial.chmod(0o600)  # it holds the API key
+        partial.replace(self._state_file)
+
+    # -- up ------------------------------------------------------------------------------
+
+    def up(self, nodes: int, port: int | None = None, timeout: float = 180.0) -> ClusterState:
+        """Start everything and wait until the control plane sees every node."""
+        if nodes < 1:
+            raise ClusterError("a cluster needs at least one node")
+        existing = self.load()
+        if existing is not None and any(_alive(m.pid) for m in existing.members):
+            raise ClusterError(f"a cluster is already up in {self.directory}: take it down first")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "logs").mkdir(exist_ok=True)
+        state = ClusterState(
+            api_key="e2b_" + secrets.token_hex(20),
+            state_url=LocalPostgres(self.directory / "postgres").start(),
+            s3_endpoint="",
+        )
+        try:
+            self._start_s3(state)
+            taken: set[str] = set()
+            for index in range(1, nodes + 1):
+                subnet = _free_subnet(taken)
+                taken.add(subnet)
+                self._start_node(state, f"node-{index}", subnet)
+            self._start_control(state, port or free_port())
+            self._wait_ready(state, nodes, timeout)
+        except BaseException:
+            self._save(state)
+            self.down()
+            raise
+        return state
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+        log = self.directory / "logs" / f"{name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # outlives the shell that ran `cluster up`
+            )
+        return proc.pid, str(log)
+
+    def _start_s3(self, state: ClusterState) -> None:
+        if not Path(_MOTO).exists():
+            raise ClusterError("moto_server not found: pip install 'moto[server]'")
+        port = free_port()
+        pid, log = self._spawn("s3", [_MOTO, "-H", "127.0.0.1", "-p", str(port)], dict(os.environ))
+        member = Member("s3", "s3", pid, port, log)
+        state.members.append(member)
+        state.s3_endpoint = member.url
+        self._save(state)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client = boto3.session.Session().client(
+                    "s3",
+                    endpoint_url=member.url,
+                    region_name="us-east-1",
+                    aws_access_key_id=S3_KEYS["access_key"],
+                    aws_secret_access_key=S3_KEYS["secret_key"],
+                )
+                client.create_bucket(Bucket=BUCKET)
+                return
+            except Exception as exc:
+                if time.monotonic() > deadline or not _alive(pid):
+                    raise ClusterError(f"the S3 server did not start: {exc}") from exc
+                time.sleep(0.3)
+
+    def _common_env(self, state: ClusterState, port: int) -> dict[str, str]:
+        return {
+            **os.environ,
+            "AENV_PORT": str(port),
+            "AENV_API_KEY": state.api_key,
+            "AENV_STATE_URL": state.state_url,
+            "AENV_STORAGE_BACKEND": "s3",
+            "AENV_STORAGE_S3_ENDPOINT": state.s3_endpoint,
+            "AENV_STORAGE_S3_BUCKET": BUCKET,
+            "AENV_STORAGE_S3_PATH_STYLE": "true",
+            "AENV_STORAGE_S3_ACCESS_KEY": S3_KEYS["access_key"],
+            "AENV_STORAGE_S3_SECRET_KEY": S3_KEYS["secret_key"],
+            "AENV_PATHS_KIT_DIR": str(self.base.kit_dir),
+            "AENV_PATHS_IMAGES_DIR": str(self.base.images_dir),
+            **self.env,
+        }
+
+    def _start_node(self, state: ClusterState, name: str, subnet: str) -> None:
+        port = free_port()
+        home = self.directory / "nodes" / name
+        home.mkdir(parents=True, exist_ok=True)
+        prefix = "c" + secrets.token_hex(2) + name.rsplit("-", 1)[1]
+        env = {
+            **self._common_env(state, port),
+            "AENV_HOME": str(home),
+            "AENV_SERVER_ROLE": "node",
+            "AENV_SERVER_NODE_NAME": name,
+            "AENV_SERVER_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+            "AENV_NET_NAME_PREFIX": prefix,
+            "AENV_NET_HOST_SUBNET": subnet,
+        }
+        pid, log = self._spawn(name, [_AENV, "server"], env)
+        state.members.append(Member(name, "node", pid, port, log, str(home), prefix, subnet))
+        self._save(state)
+
+    def _start_control(self, state: ClusterState, port: int) -> None:
+        home = self.directory / "control"
+        home.mkdir(exist_ok=True)
+        env = {
+            **self._common_env(state, port),
+            "AENV_HOME": str(home),
+            "AENV_SERVER_ROLE": "control",
+        }
+        pid, log = self._spawn("control", [_AENV, "server"], env)
+        state.members.append(Member("control", "control", pid, port, log, str(home)))
+        self._save(state)
+
+    def _wait_ready(self, state: ClusterState, nodes: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            dead = [m for m in state.members if not _alive(m.pid)]
+            if dead:
+                tail = Path(dead[0].log).read_text(errors="replace")[-2000:]
+                raise ClusterError(f"{dead[0].name} exited while starting:\n{tail}")
+            try:
+                health = httpx.get(state.control.url + "/health", timeout=2).json()
+                seen = health.get("nodes", 0)
+                if seen >= nodes:
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise ClusterError(f"only {seen} of {nodes} nodes came up within {timeout:.0f}s")
+
+    # -- status and down -----------------------------------------------------------------
+
+    def status(self) -> list[dict[str, Any]]:
+        state = self.load()
+        if state is None:
+            return []
+        rows = []
+        for member in state.members:
+            up = _alive(member.pid)
+            if up and member.role in ("control", "node"):
+                try:
+                    up = httpx.get(member.url + "/health", timeout=2).status_code == 200
+                except httpx.HTTPError:
+                    up = False
+            rows.append(
+                {
+                    "name": member.name,
+                    "role": member.role,
+                    "pid": member.pid,
+                    "url": member.url,
+                    "home": member.home,
+                    "state": "up" if up else "down",
+                }
+            )
+        return rows
+
+    def down(self) -> None:
+        """Stop what `up` started, sandboxes first; safe to repeat."""
+        state = self.load()
+        if state is not None:
+            self._kill_sandboxes(state)
+            # Control first (no new work), then nodes, then what they stand on.
+            order = {"control": 0, "node": 1, "s3": 2}
+            for member in sorted(state.members, key=lambda m: order[m.role]):
+                _stop(member.pid)
+                if member.role == "node":
+                    self._clean_node(member)
+        LocalPostgres(self.directory / "postgres").stop()
+
+    def _kill_sandboxes(self, state: ClusterState) -> None:
+        headers = {"X-API-Key": state.api_key}
+        for member in state.members:
+            if member.role != "node" or not _alive(member.pid):
+                continue
+            try:
+                with httpx.Client(base_url=member.url, headers=headers, timeout=60) as api:
+                    for sandbox in api.get("/v2/sandboxes").json():
+                        api.delete(f"/sandboxes/{sandbox['sandboxID']}")
+            except (httpx.HTTPError, ValueError, TypeError):
+                continue  # its VMs go with the node's host resources below
+
+    def _clean_node(self, member: Member) -> None:
+        """What a stopped node leaves by design (VMs outlive their server, and so does the
+        block daemon) goes too: this node is not coming back."""
+        for pid in _vmms_under(member.home):
+            _stop(pid, grace=5.0)
+        for netns in list_namespaces(member.prefix):
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
+        env = {"AENV_HOME": member.home, "AENV_NET_NAME_PREFIX": member.prefix}
+        BlockdClient(load_config(env=env)).stop()
+        remove_host_forwarding(member.subnet, member.prefix)
+
+
+def _vmms_under(home: str) -> list[int]:
+    """Pids of the QEMU processes whose command line names a path under `home`."""
+    found = []
+    marker = (home.rstrip("/") + "/").encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"qemu-system-x86_64") and any(marker in a for a in argv):
+            found.append(int(entry.name))
+    return found
+
+
+def _stop(pid: int, grace: float = 30.0) -> None:
+    if not _alive(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,257 @@
+"""`aenv server --role control`: the E2B-compatible API and data plane in front of nodes.
+
+Lists and sandbox details are answered from the state store; a create goes to the node
+placement picks; an operation on a sandbox goes to the node that holds it (moving a
+paused one off a lost or draining node first); anything else (templates, builds,
+snapshot lists) goes to one live node. Sandbox traffic (header, host or `/proxy/` path
+addressed) is relayed to the owning node's proxy in the path form, streamed both ways.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import httpx
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
+
+from ..api.auth import ApiKeyAuth, load_or_create_api_key
+from ..api.errors import error_response, install_error_handlers
+from ..api.limits import BodyLimit
+from ..api.models import ListedSandbox, SandboxDetail
+from ..api.sandboxes import listed_page, public_domain, running_listed, sandbox_detail
+from ..config import Config
+from ..errors import NotFound
+from ..proxy.router import refuse, request_target
+from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
+from ..proxy.target import BadTarget, find_target
+from ..proxy.websocket import bridge_websocket
+from .nodes import DRAINING, LOST, NodeInfo
+from .plane import ControlPlane
+from .store import open_engine
+
+# Headers a relayed API request does not carry on (httpx sets its own framing and host).
+_DROP = HOP_BY_HOP | {b"host"}
+_SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([^/]+)(?:/.*)?$")
+# Seconds the data plane trusts what it looked up about a sandbox's node.
+_ROUTE_TTL = 2.0
+
+
+def _forwarded(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in headers if k.lower() not in _DROP}
+
+
+def _plane(request: Request) -> ControlPlane:
+    return request.app.state.plane
+
+
+Plane = Annotated[ControlPlane, Depends(_plane)]
+
+
+def build_control_api(cfg: Config, api_key: str) -> FastAPI:
+    """The control plane's FastAPI app; its lifespan opens the state store."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = await open_engine(cfg.state_url)
+        timeout = httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0)
+        async with httpx.AsyncClient(trust_env=False, timeout=timeout) as client:
+            plane = ControlPlane(cfg, engine, client)
+            app.state.plane = plane
+            watcher = asyncio.create_task(plane.watch())
+            try:
+                yield
+            finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+                await engine.dispose()
+
+    app = FastAPI(title="AgentENV control plane", version="0.1.0", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes)
+    install_error_handlers(app)
+
+    @app.get("/health", tags=["control"])
+    async def health(plane: Plane) -> dict[str, Any]:
+        live = await plane.live_nodes()
+        return {"status": "ok", "role": "control", "nodes": len(live)}
+
+    protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
+
+    @protected.get("/nodes")
+    async def list_nodes(plane: Plane) -> list[dict[str, Any]]:
+        now = time.time()
+        return [_node_view(n, now) for n in await plane.nodes.list()]
+
+    @protected.post("/nodes/{name}/drain", status_code=204)
+    async def drain_node(plane: Plane, name: str) -> Response:
+        if not await plane.nodes.set_state(name, DRAINING):
+            raise NotFound(f"node '{name}' not found")
+        return Response(status_code=204)
+
+    @protected.delete("/nodes/{name}", status_code=204)
+    async def remove_node(plane: Plane, name: str) -> Response:
+        """Forget a node; its sandboxes are settled as a lost node's are."""
+        if not await plane.nodes.set_state(name, LOST):
+            raise NotFound(f"node '{name}' not found")
+        await plane.settle_lost_nodes()
+        await plane.nodes.remove(name)
+        return Response(status_code=204)
+
+    @protected.get("/v2/sandboxes")
+    async def list_sandboxes_v2(
+        plane: Plane,
+        response: Response,
+        metadata: str | None = None,
+        state: Annotated[list[str] | None, Query()] = None,
+        limit: Annotated[int, Query(ge=1, le=100)] = 100,
+        nextToken: str | None = None,
+        order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
+    ) -> list[ListedSandbox]:
+        records = await plane.sandboxes.list_all()
+        return listed_page(records, response, metadata, state, limit, nextToken, order)
+
+    @protected.get("/sandboxes")
+    async def list_sandboxes_v1(plane: Plane, metadata: str | None = None) -> list[ListedSandbox]:
+        return running_listed(await plane.sandboxes.list_all(), metadata)
+
+    @protected.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
+    async def get_sandbox(plane: Plane, sandbox_id: str) -> SandboxDetail:
+        record = await plane.sandboxes.get_any(sandbox_id)
+        if record is None:
+            raise NotFound(f"sandbox '{sandbox_id}' not found")
+        return sandbox_detail(record, public_domain(cfg))
+
+    @protected.post("/sandboxes")
+    @protected.post("/v2/sandboxes")
+    async def create_sandbox(plane: Plane, request: Request) -> Response:
+        headers = _forwarded(request.headers.raw)
+        answer = await plane.create(request.url.path, await request.body(), headers)
+        return Response(
+            answer.content,
+            status_code=answer.status_code,
+            headers=_forwarded(answer.headers.raw),
+        )
+
+    methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+    @protected.api_route("/{path:path}", methods=methods, include_in_schema=False)
+    async def relay(plane: Plane, request: Request) -> Response:
+        headers = _forwarded(request.headers.raw)
+        match = _SANDBOX_PATH.match(request.url.path)
+        if match:
+            node = await plane.node_for_operation(match.group(1), headers)
+        else:
+            node = await plane.any_node()
+        url = node.url + request.url.path
+        if request.url.query:
+            url += "?" + request.url.query
+        upstream_request = plane.client.build_request(
+            request.method, url, headers=headers, content=await request.body()
+        )
+        try:
+            upstream = await plane.client.send(upstream_request, stream=True)
+        except httpx.HTTPError as exc:
+            return error_response(502, f"node {node.name} cannot be reached: {exc}")
+        return StreamingResponse(
+            upstream.aiter_raw(),
+            status_code=upstream.status_code,
+            headers=_forwarded(upstream.headers.raw),
+            background=BackgroundTask(upstream.aclose),
+        )
+
+    app.include_router(protected)
+    return app
+
+
+def _node_view(node: NodeInfo, now: float) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "url": node.url,
+        "state": node.state,
+        "heartbeatAgeSeconds": round(node.silent_for(now), 1),
+        "capacity": node.capacity.__dict__,
+    }
+
+
+class ControlProxy:
+    """Sandbox traffic to the node that runs the sandbox; everything else to the API."""
+
+    def __init__(self, app: FastAPI, domain: str) -> None:
+        self.app = app
+        self._domain = domain
+        self._routes: dict[str, tuple[float, str]] = {}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        raw_path = request_target(scope)
+        try:
+            target = find_target(headers, raw_path or "", self._domain)
+            if target is not None and not (raw_path or "").startswith("/"):
+                raise BadTarget("the request path must be ASCII and begin with '/'")
+        except BadTarget as exc:
+            await refuse(scope, send, 400, str(exc))
+            return
+        if target is None:
+            await self.app(scope, receive, send)
+            return
+        node_url = await self._node_url(target.sandbox_id)
+        if node_url is None:
+            await refuse(scope, send, 502, f"The sandbox {target.sandbox_id} was not found")
+            return
+        # The node's proxy routes the path form; its token checks still apply there.
+        path = f"/proxy/{target.sandbox_id}/{target.port}{target.path}"
+        if scope["type"] == "websocket":
+            await bridge_websocket(scope, receive, send, node_url.split("://", 1)[1], path)
+            return
+        plane: ControlPlane = self.app.state.plane
+        forward = [
+            (k, v)
+            for k, v in scope["headers"]
+            if k.lower() not in _DROP and k.lower() not in (b"e2b-sandbox-id", b"e2b-sandbox-port")
+        ]
+        if b"content-length" in headers:
+            forward.append((b"content-length", headers[b"content-length"]))
+        request = plane.client.build_request(
+            scope["method"],
+            node_url + path,
+            headers=forward,
+            content=request_body(receive) if has_body(headers) else b"",
+        )
+
+        def unreachable(exc: httpx.HTTPError) -> str:
+            return f"the node of sandbox {target.sandbox_id} cannot be reached: {exc}"
+
+        await stream_through(plane.client, request, receive, send, unreachable)
+
+    async def _node_url(self, sandbox_id: str) -> str | None:
+        now = time.monotonic()
+        cached = self._routes.get(sandbox_id)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        plane: ControlPlane = self.app.state.plane
+        try:
+            node = await plane.node_of(sandbox_id)
+        except NotFound:
+            return None
+        if len(self._routes) > 10_000:
+            self._routes = {k: v for k, v in self._routes.items() if v[0] > now}
+        self._routes[sandbox_id] = (now + _ROUTE_TTL, node.url)
+        return node.url
+
+
+def create_control_app(cfg: Config) -> Any:
+    """The control plane: API plus data plane; prints a newly generated API key once."""
+    api_key, created = load_or_create_api_key(cfg.server.api_key, cfg.home)
+    if created:
+        print(f"Generated API key (stored under {cfg.home}/secrets): {api_key}", flush=True)
+    return ControlProxy(build_control_api(cfg, api_key), cfg.server.domain)

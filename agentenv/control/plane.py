@@ -1,0 +1,202 @@
+"""The control plane's decisions: which node serves a request, moving a paused sandbox
+off a lost or draining node, and what a lost node's sandboxes become.
+
+Stateless: everything it knows is in the state store (nodes, sandbox records) and the
+object store (templates, snapshots), so several replicas can run behind one address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import Mapping
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ..config import Config
+from ..errors import NotFound, Unavailable
+from ..images.snapshots import SnapshotRegistry
+from ..images.templates import TemplateRegistry
+from ..runtime.lifecycle import Event, allows
+from ..storage.objectstore import ObjectStoreError
+from ..storage.stores import open_object_store
+from .nodes import ACTIVE, DRAINING, LOST, NodeInfo, NodeRegistry
+from .placement import Wanted, candidates
+from .store import SandboxRecord, SqlSandboxStore
+
+log = logging.getLogger(__name__)
+
+# Seconds between checks for silent nodes.
+WATCH_INTERVAL = 1.0
+
+
+class ControlPlane:
+    """Placement, adoption and node loss over one state store and object store."""
+
+    def __init__(self, cfg: Config, engine: AsyncEngine, client: httpx.AsyncClient) -> None:
+        self.cfg = cfg
+        self.nodes = NodeRegistry(engine)
+        # Every node's records: the control plane owns none.
+        self.sandboxes = SqlSandboxStore(engine, node="")
+        objects = open_object_store(cfg)
+        self.templates = TemplateRegistry(objects)
+        self.snapshots = SnapshotRegistry(objects)
+        self.client = client
+
+    # -- where requests go -------------------------------------------------------------
+
+    async def live_nodes(self) -> list[NodeInfo]:
+        now = time.time()
+        timeout = self.cfg.cluster.node_timeout
+        return [
+            n for n in await self.nodes.list() if n.state != LOST and n.silent_for(now) < timeout
+        ]
+
+    async def any_node(self) -> NodeInfo:
+        """The node that serves what is not a sandbox's (templates, builds, snapshots
+        lists): the first live one by name, so a build's later calls find it again."""
+        live = [n for n in await self.live_nodes() if n.state == ACTIVE]
+        if not live:
+            raise Unavailable("no node is up")
+        return live[0]
+
+    async def node_of(self, sandbox_id: str) -> NodeInfo:
+        """The node that holds the sandbox, for its data plane: never moves it."""
+        record = await self._record(sandbox_id)
+        owner = await self.nodes.get(record.node)
+        if owner is None or owner.state == LOST:
+            raise NotFound(f"sandbox '{sandbox_id}' is not running")
+        return owner
+
+    async def node_for_operation(self, sandbox_id: str, headers: Mapping[str, str]) -> NodeInfo:
+        """The node an operation on the sandbox goes to. A paused sandbox whose node was
+        lost, or is draining, moves to another node first (from the object store)."""
+        record = await self._record(sandbox_id)
+        owner = await self.nodes.get(record.node)
+        movable = record.stored and allows(record.state, Event.ADOPT)
+        if owner is not None and owner.state == ACTIVE:
+            return owner
+        if owner is not None and owner.state == DRAINING and not movable:
+            return owner  # it finishes there
+        return await self._move(record, headers)
+
+    async def _record(self, sandbox_id: str) -> SandboxRecord:
+        record = await self.sandboxes.get_any(sandbox_id)
+        if record is None:
+            raise NotFound(f"sandbox '{sandbox_id}' not found")
+        return record
+
+    async def _move(self, record: SandboxRecord, headers: Mapping[str, str]) -> NodeInfo:
+        wanted = Wanted(memory_mb=record.memory_mb, key=record.sandbox_id, origin=record.node)
+        nodes = candidates(
+            await self.nodes.list(), wanted, time.time(), self.cfg.cluster.node_timeout
+        )
+        nodes = [n for n in nodes if n.name != record.node]
+        if not nodes:
+            raise Unavailable(f"sandbox '{record.sandbox_id}': no other node has room for it")
+        for node in nodes:
+            answer = await self._call(
+                node, "POST", f"/sandboxes/{record.sandbox_id}/adopt", headers
+            )
+            if answer.status_code == 204:
+                log.info(
+                    "sandbox %s moved from %s to %s", record.sandbox_id, record.node, node.name
+                )
+                return node
+            if answer.status_code == 409:
+                # Another replica moved it meanwhile: go where it went.
+                moved = await self._record(record.sandbox_id)
+                if moved.node != record.node:
+                    return await self.node_for_operation(record.sandbox_id, headers)
+            if answer.status_code == 404:
+                raise NotFound(_message(answer))
+        raise Unavailable(f"sandbox '{record.sandbox_id}': no node could take it")
+
+    async def create(self, path: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
+        """Send a create to the best node with room; the next one when a node refuses for
+        capacity (503). Its answer, whatever it is otherwise."""
+        wanted = await self._wanted_for_create(body)
+        nodes = candidates(
+            await self.nodes.list(), wanted, time.time(), self.cfg.cluster.node_timeout
+        )
+        if not nodes:
+            raise Unavailable("no node has room for a new sandbox")
+        answer: httpx.Response | None = None
+        for node in nodes:
+            try:
+                answer = await self._call(node, "POST", path, headers, body)
+            except httpx.HTTPError as exc:
+                log.warning("create on node %s failed: %s", node.name, exc)
+                continue
+            if answer.status_code != 503:
+                return answer
+        if answer is None:
+            raise Unavailable("no node answered the create")
+        return answer
+
+    async def _wanted_for_create(self, body: bytes) -> Wanted:
+        memory = self.cfg.sandbox.memory_mb
+        key = secrets.token_hex(8)  # creates of one template spread over equal nodes
+        try:
+            template = json.loads(body).get("templateID")
+        except (ValueError, AttributeError):
+            return Wanted(memory_mb=memory, key=key)  # the node answers it with a 400
+        if not isinstance(template, str):
+            return Wanted(memory_mb=memory, key=key)
+        try:
+            snapshot = await asyncio.to_thread(self.snapshots.lookup, template)
+            if snapshot is not None:
+                return Wanted(memory, key, snapshots=frozenset({snapshot.snapshot_id}))
+            record = await asyncio.to_thread(self.templates.find, template)
+        except (NotFound, ObjectStoreError):
+            return Wanted(memory_mb=memory, key=key)
+        if record is None:
+            return Wanted(memory_mb=memory, key=key)
+        return Wanted(record.memory_mb or memory, key, layers=frozenset(record.layers[-1:]))
+
+    async def _call(
+        self,
+        node: NodeInfo,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes = b"",
+    ) -> httpx.Response:
+        return await self.client.request(method, node.url + path, headers=headers, content=body)
+
+    # -- node loss ---------------------------------------------------------------------
+
+    async def watch(self) -> None:
+        """Declare silent nodes lost and settle their sandboxes, until cancelled."""
+        while True:
+            try:
+                await self.settle_lost_nodes()
+            except Exception:
+                log.exception("checking for lost nodes failed")
+            await asyncio.sleep(WATCH_INTERVAL)
+
+    async def settle_lost_nodes(self) -> None:
+        for name in await self.nodes.declare_lost(self.cfg.cluster.node_timeout):
+            log.warning(
+                "node %s is lost: it did not heartbeat for %ss", name, self.cfg.cluster.node_timeout
+            )
+        lost = {n.name for n in await self.nodes.list() if n.state == LOST}
+        for record in await self.sandboxes.list_all():
+            if record.node not in lost:
+                continue
+            if record.stored and allows(record.state, Event.ADOPT):
+                continue  # it resumes on another node
+            # Its VM (or unsaved state) was on the lost node: the sandbox is gone.
+            if await self.sandboxes.forget(record):
+                log.warning("sandbox %s was lost with node %s", record.sandbox_id, record.node)
+
+
+def _message(answer: httpx.Response) -> str:
+    try:
+        return str(answer.json().get("message", answer.text))
+    except ValueError:
+        return answer.text

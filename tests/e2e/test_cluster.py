@@ -1,0 +1,231 @@
+"""A local cluster for real: Debian's PostgreSQL, an S3 server, a control plane and three
+nodes as processes (`aenv cluster up`), used through the control URL only by the
+unmodified E2B SDK; placement, a second control replica, node loss, and `down`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from agentenv.cluster.local import ClusterState, LocalCluster
+from agentenv.cluster.postgres import free_port
+
+from ..live import AENV
+from .test_snapshots import TICKER, ticks
+
+pytestmark = pytest.mark.vm
+
+NODE_TIMEOUT = 6.0
+
+
+class Cluster:
+    def __init__(self, local: LocalCluster, state: ClusterState) -> None:
+        self.local = local
+        self.state = state
+        self.url = state.control.url
+        self.api = httpx.Client(
+            base_url=self.url, headers={"X-API-Key": state.api_key}, timeout=120
+        )
+
+    def node_of(self, sandbox_id: str) -> str:
+        return self.api.get(f"/sandboxes/{sandbox_id}").json()["node"]
+
+    def nodes(self) -> dict[str, dict]:
+        return {n["name"]: n for n in self.api.get("/nodes").json()}
+
+    def pid(self, name: str) -> int:
+        return next(m.pid for m in self.state.members if m.name == name)
+
+
+@pytest.fixture(scope="module")
+def cluster(kit_ready: None) -> Iterator[Cluster]:
+    directory = Path(tempfile.mkdtemp(prefix="aenv-cluster-", dir="/tmp"))
+    local = LocalCluster(
+        directory,
+        env={
+            "AENV_SANDBOX_MEMORY_MB": "256",
+            "AENV_CLUSTER_HEARTBEAT_INTERVAL": "1",
+            "AENV_CLUSTER_NODE_TIMEOUT": str(NODE_TIMEOUT),
+        },
+    )
+    state = local.up(3)
+    os.environ["E2B_API_URL"] = os.environ["E2B_SANDBOX_URL"] = state.control.url
+    os.environ["E2B_API_KEY"] = state.api_key
+    try:
+        yield Cluster(local, state)
+    finally:
+        local.down()
+        for name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+            os.environ.pop(name, None)
+        subprocess.run(["rm", "-rf", str(directory)], check=False)
+
+
+def test_the_sdk_works_through_the_control_url(cluster: Cluster) -> None:
+    sandbox = Sandbox.create()
+    try:
+        assert sandbox.commands.run("echo hello").stdout == "hello\n"
+        sandbox.files.write("/tmp/f", "content")
+        node = cluster.node_of(sandbox.sandbox_id)
+        assert node in cluster.nodes()
+        listed = [s for s in Sandbox.list().next_items() if s.sandbox_id == sandbox.sandbox_id]
+        assert listed and listed[0].state.value == "running"
+        sandbox.pause()
+        resumed = Sandbox.connect(sandbox.sandbox_id)
+        assert resumed.files.read("/tmp/f") == "content"
+        assert cluster.node_of(sandbox.sandbox_id) == node  # resumed where its files are
+    finally:
+        sandbox.kill()
+    assert cluster.api.get(f"/sandboxes/{sandbox.sandbox_id}").status_code == 404
+
+
+def test_placement_spreads_and_follows_a_snapshot(cluster: Cluster) -> None:
+    sandboxes = [Sandbox.create() for _ in range(3)]
+    try:
+        assert len({cluster.node_of(s.sandbox_id) for s in sandboxes}) >= 2
+        source = sandboxes[0]
+        source.commands.run("echo from-snapshot > /tmp/mark")
+        snapshot = source.create_snapshot()
+        holder = cluster.node_of(source.sandbox_id)
+        # The next heartbeats tell the control plane which node holds the snapshot.
+        deadline = time.monotonic() + 10
+        while snapshot.snapshot_id not in cluster.nodes()[holder]["capacity"]["snapshots"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        children = [Sandbox.create(snapshot.snapshot_id) for _ in range(2)]
+        sandboxes += children
+        for child in children:
+            assert cluster.node_of(child.sandbox_id) == holder
+            assert child.commands.run("cat /tmp/mark").stdout == "from-snapshot\n"
+    finally:
+        for sandbox in sandboxes:
+            sandbox.kill()
+
+
+def test_two_control_replicas_at_once(cluster: Cluster) -> None:
+    port = free_port()
+    control = next(m for m in cluster.state.members if m.role == "control")
+    env = {**os.environ, **_environ_of(control.pid), "AENV_PORT": str(port)}
+    log = open(Path(control.log).with_name("control-2.log"), "ab")
+    second = subprocess.Popen([AENV, "server"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    urls = [cluster.url, f"http://127.0.0.1:{port}"]
+    created: list[str] = []
+    try:
+        _wait_healthy(urls[1])
+        headers = {"X-API-Key": cluster.state.api_key}
+
+        def create(url: str) -> str:
+            answer = httpx.post(url + "/v2/sandboxes", json={"templateID": "base"},
+                                headers=headers, timeout=300)  # fmt: skip
+            assert answer.status_code == 201, answer.text
+            return answer.json()["sandboxID"]
+
+        with ThreadPoolExecutor(4) as pool:
+            created = list(pool.map(create, urls * 2))
+        assert len(set(created)) == 4
+        for url in urls:
+            listed = httpx.get(url + "/v2/sandboxes", headers=headers).json()
+            assert set(created) <= {s["sandboxID"] for s in listed}
+    finally:
+        for sandbox_id in created:
+            cluster.api.delete(f"/sandboxes/{sandbox_id}")
+        second.terminate()
+        second.wait(30)
+
+
+def test_a_lost_nodes_paused_sandbox_resumes_elsewhere(cluster: Cluster) -> None:
+    """SIGKILL the node of a paused sandbox (stored) and a running one: after the timeout
+    the paused one resumes on another node with its processes and disk; the running one
+    is gone (404), never a hanging request."""
+    paused = Sandbox.create()
+    paused.commands.run("echo disk > ~/state && " + TICKER)
+    node = cluster.node_of(paused.sandbox_id)
+    running = _create_on(cluster, node)
+    paused.pause()
+    deadline = time.monotonic() + 120
+    while cluster.api.get(f"/sandboxes/{paused.sandbox_id}").json().get("storage") != "stored":
+        assert time.monotonic() < deadline, "the paused sandbox was not stored in time"
+        time.sleep(0.5)
+    os.kill(cluster.pid(node), signal.SIGKILL)
+    deadline = time.monotonic() + NODE_TIMEOUT + 15
+    while cluster.nodes()[node]["state"] != "lost":
+        assert time.monotonic() < deadline, "the node was never declared lost"
+        time.sleep(0.5)
+    answer = cluster.api.get(f"/sandboxes/{running.sandbox_id}", timeout=10)
+    assert answer.status_code == 404, answer.text
+    resumed = Sandbox.connect(paused.sandbox_id)
+    try:
+        assert cluster.node_of(paused.sandbox_id) != node
+        assert resumed.commands.run("cat ~/state").stdout == "disk\n"
+        assert ticks(resumed) is not None
+    finally:
+        resumed.kill()
+
+
+def test_down_leaves_nothing_behind(cluster: Cluster) -> None:
+    """Runs last: everything `up` started stops, sandboxes included."""
+    Sandbox.create()
+    homes = [m.home for m in cluster.state.members if m.role == "node"]
+    cluster.local.down()
+    for member in cluster.state.members:
+        assert not _alive(member.pid), member.name
+    qemu = subprocess.run(["pgrep", "-af", "qemu-system"], capture_output=True, text=True).stdout
+    assert not any(home in qemu for home in homes), qemu
+    netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
+    prefixes = [m.prefix for m in cluster.state.members if m.role == "node"]
+    assert not any(line.startswith(f"{p}-") for p in prefixes for line in netns.splitlines())
+    mounts = Path("/proc/mounts").read_text()
+    assert str(cluster.local.directory) not in mounts
+    assert all(row["state"] == "down" for row in cluster.local.status())
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(cluster.url + "/health", timeout=2)
+
+
+def _create_on(cluster: Cluster, node: str) -> Sandbox:
+    """A sandbox that landed on `node` (placement spreads, so a few tries)."""
+    others = []
+    try:
+        for _ in range(8):
+            sandbox = Sandbox.create()
+            if cluster.node_of(sandbox.sandbox_id) == node:
+                return sandbox
+            others.append(sandbox)
+        raise AssertionError(f"no sandbox landed on {node}")
+    finally:
+        for other in others:
+            other.kill()
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
+
+
+def _wait_healthy(url: str) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} never became healthy")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
