@@ -4,6 +4,8 @@ cluster's nodes, through its control plane)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from pathlib import Path
 from urllib.parse import quote
 
@@ -20,9 +22,11 @@ def _cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def cmd_cluster_up(ctx: Context, args: argparse.Namespace) -> int:
     """Start PostgreSQL, an S3 server, a control plane and N nodes; print how to use it."""
     cfg = load_cfg(args.config)
-    # Every node boots from the host's kit and base template: built once, here.
-    import_attr("agentenv.guest.kit", "build_kit")(cfg)
-    import_attr("agentenv.images.base", "build_base_template")(cfg)
+    # Every node boots from the host's kit and base template: built once, here. Progress
+    # goes to stderr: stdout is only the exports, for `eval "$(aenv cluster up ...)"`.
+    with contextlib.redirect_stdout(sys.stderr):
+        import_attr("agentenv.guest.kit", "build_kit")(cfg)
+        import_attr("agentenv.images.base", "build_base_template")(cfg)
     error = import_attr("agentenv.cluster.local", "ClusterError")
     try:
         state = _cluster(args).up(args.nodes, port=args.port)

@@ -32,7 +32,7 @@ class NodeCapacity:
     max_vcpus: int = 0
     running: int = 0
     paused: int = 0
-    # Top layers of the disk stacks its block daemon serves (its cached templates).
+    # Top layers of the stacks its block daemon serves (templates' disks, restored RAM).
     layers: list[str] = field(default_factory=list)
     # Snapshots (`name:tag`) whose files it holds.
     snapshots: list[str] = field(default_factory=list)

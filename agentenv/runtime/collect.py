@@ -1,6 +1,6 @@
 """Garbage collection of the object store as a node runs it: every layer a template, a
-snapshot, a sandbox record or this node's block daemon still uses is a root; the rest
-goes once older than the grace period (`storage/gc.py` has the protocol)."""
+snapshot, a sandbox record or a node's block daemon still uses is a root; the rest goes
+once older than the grace period (`storage/gc.py` has the protocol)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import logging
 
 from ..config import StorageConfig
+from ..control.nodes import LOST, NodeRegistry
 from ..control.store import SandboxStore
 from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
@@ -28,12 +29,14 @@ class Collector:
         snapshots: SnapshotRegistry,
         sandboxes: SandboxStore,
         blockd: BlockdClient,
+        nodes: NodeRegistry,
     ) -> None:
         self.objects = objects
         self.templates = templates
         self.snapshots = snapshots
         self.sandboxes = sandboxes
         self.blockd = blockd
+        self.nodes = nodes
         self._lock = asyncio.Lock()
 
     def roots(self, loop: asyncio.AbstractEventLoop) -> set[str]:
@@ -48,9 +51,14 @@ class Collector:
         for snapshot in self.snapshots.list():
             roots.update(snapshot.stored.values())
             roots.update(snapshot.base.values())
-        # Stacks served to sandboxes whose template was deleted meanwhile.
+        # Stacks served to sandboxes whose template was deleted meanwhile: this node's
+        # block daemon's, and the top layers every other node reported in its heartbeat.
         for mount in self.blockd.status().get("mounts", []):
             roots.update(mount.get("layers", []))
+        nodes = asyncio.run_coroutine_threadsafe(self.nodes.list(), loop).result()
+        for node in nodes:
+            if node.state != LOST:
+                roots.update(node.capacity.layers)
         return roots
 
     async def run_every(self, cfg: StorageConfig) -> None:

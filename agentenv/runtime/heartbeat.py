@@ -50,7 +50,7 @@ class NodePresence:
             max_vcpus=manager.capacity.max_vcpus,
             running=sum(PUBLIC_STATE[r.state] == "running" for r in records),
             paused=sum(PUBLIC_STATE[r.state] == "paused" for r in records),
-            layers=[m["name"] for m in mounts.get("mounts", [])],
+            layers=[m["layers"][-1] for m in mounts.get("mounts", []) if m.get("layers")],
             snapshots=await asyncio.to_thread(self.snapshots.local_ids),
         )
 

@@ -145,13 +145,13 @@ class Node:
         stack.push_async_callback(_cancelled, scanner)
         builds = TemplateBuilds(cfg, catalog, puller, manager.capacity.max_vcpus)
         stack.push_async_callback(builds.close)
-        collector = Collector(objects, templates, registry, store, blockd)
+        nodes = NodeRegistry(store.engine)
+        collector = Collector(objects, templates, registry, store, blockd, nodes)
         pool = None
         if cfg.sandbox.warm_pool > 0 and boot_snapshots is not None:
             pool = WarmPool(manager, cfg.sandbox.warm_pool)
             stack.push_async_callback(pool.close)
             stack.push_async_callback(_cancelled, asyncio.create_task(pool.run()))
-        nodes = NodeRegistry(store.engine)
         node = cls(
             cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, nodes, pool
         )
