@@ -35,6 +35,8 @@ class ServerConfig:
     node_name: str = ""
     # Where the control plane reaches this node; empty means http://HOST:PORT.
     advertise_url: str = ""
+    # "text", or "json": one object per line with time, level, logger, request id, message.
+    log_format: str = "text"
 
 
 @dataclass
@@ -300,6 +302,8 @@ def load_config(
         if var in env:
             setattr(section, key, _coerce(env[var], type(getattr(section, key))))
     cfg.state_url  # noqa: B018 - a bad state.url stops the server here, not at first use
+    if cfg.server.log_format not in ("text", "json"):
+        raise ConfigError(f"server.log_format {cfg.server.log_format!r}: use text or json")
     if cfg.server.role not in ROLES:
         raise ConfigError(f"server.role {cfg.server.role!r}: use one of {', '.join(ROLES)}")
     return cfg

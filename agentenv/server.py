@@ -3,18 +3,15 @@ in front of nodes (role `control`), in one asyncio process."""
 
 from __future__ import annotations
 
-import logging
-
 import uvicorn
 
 from .api.app import create_app
 from .config import Config
+from .observe.logs import configure_logging
 
 
 def run_server(cfg: Config) -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(cfg.server.log_format)
     cfg.home.mkdir(parents=True, exist_ok=True)
     if cfg.server.role == "control":
         from .control.app import create_control_app
@@ -26,4 +23,5 @@ def run_server(cfg: Config) -> None:
     print(
         f"aenv server ({role}) listening on http://{cfg.server.host}:{cfg.server.port}", flush=True
     )
-    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_level="info")
+    # Its loggers go through ours (format, request ids); it installs none of its own.
+    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_config=None)

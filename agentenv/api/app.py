@@ -7,12 +7,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Response
+from fastapi.responses import PlainTextResponse
 
 from ..config import Config
+from ..observe.logs import RequestIds
+from ..observe.metrics import CONTENT_TYPE, exposition
 from ..proxy.router import SandboxProxy
 from ..runtime.manager import Route
-from ..runtime.node import Node
+from ..runtime.node import Node, refresh_node_metrics
 from . import builds, sandboxes, snapshots, storage, templates
 from .auth import ApiKeyAuth, load_or_create_api_key
 from .deps import NodeDep
@@ -48,6 +51,12 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
             accelerator=node.accelerator.name,
         )
 
+    @app.get("/metrics", tags=["node"], response_class=PlainTextResponse)
+    async def metrics(node: NodeDep) -> Response:
+        """Prometheus exposition: operations, sandboxes by state, capacity, chunk cache."""
+        await refresh_node_metrics(node)
+        return Response(exposition(), media_type=CONTENT_TYPE)
+
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
     protected.include_router(sandboxes.router)
     protected.include_router(snapshots.router)
@@ -69,4 +78,4 @@ def create_app(cfg: Config) -> Any:
         node: Node | None = getattr(api.state, "node", None)
         return node.manager.route(sandbox_id) if node else None
 
-    return SandboxProxy(api, resolve, cfg.server.domain)
+    return RequestIds(SandboxProxy(api, resolve, cfg.server.domain))

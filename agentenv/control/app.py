@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import httpx
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from ..api.auth import ApiKeyAuth, load_or_create_api_key
@@ -28,11 +28,21 @@ from ..api.models import ListedSandbox, SandboxDetail
 from ..api.sandboxes import listed_page, public_domain, running_listed, sandbox_detail
 from ..config import Config
 from ..errors import NotFound
+from ..observe.logs import RequestIds
+from ..observe.metrics import (
+    CONTENT_TYPE,
+    NODES,
+    RELAYED,
+    SANDBOXES,
+    exposition,
+    set_counts,
+)
 from ..proxy.router import refuse, request_target
 from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
 from ..proxy.target import BadTarget, find_target
 from ..proxy.websocket import bridge_websocket
-from .nodes import DRAINING, LOST, NodeInfo
+from ..runtime.lifecycle import State
+from .nodes import DRAINING, LOST, NODE_STATES, NodeInfo
 from .plane import ControlPlane
 from .store import open_engine
 
@@ -81,6 +91,19 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     async def health(plane: Plane) -> dict[str, Any]:
         live = await plane.live_nodes()
         return {"status": "ok", "role": "control", "nodes": len(live)}
+
+    @app.get("/metrics", tags=["control"], response_class=PlainTextResponse)
+    async def metrics(plane: Plane) -> Response:
+        """Prometheus exposition: nodes and sandboxes by state, requests relayed."""
+        nodes: dict[str, int] = {}
+        for node in await plane.nodes.list():
+            nodes[node.state] = nodes.get(node.state, 0) + 1
+        set_counts(NODES, nodes, NODE_STATES)
+        sandboxes: dict[str, int] = {}
+        for record in await plane.sandboxes.list_all():
+            sandboxes[record.state.value] = sandboxes.get(record.state.value, 0) + 1
+        set_counts(SANDBOXES, sandboxes, tuple(state.value for state in State))
+        return Response(exposition(), media_type=CONTENT_TYPE)
 
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
 
@@ -133,6 +156,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     async def create_sandbox(plane: Plane, request: Request) -> Response:
         headers = _forwarded(request.headers.raw)
         answer = await plane.create(request.url.path, await request.body(), headers)
+        RELAYED.labels("create", str(answer.status_code)).inc()
         return Response(
             answer.content,
             status_code=answer.status_code,
@@ -155,10 +179,13 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
         upstream_request = plane.client.build_request(
             request.method, url, headers=headers, content=await request.body()
         )
+        kind = "sandbox" if match else "other"
         try:
             upstream = await plane.client.send(upstream_request, stream=True)
         except httpx.HTTPError as exc:
+            RELAYED.labels(kind, "502").inc()
             return error_response(502, f"node {node.name} cannot be reached: {exc}")
+        RELAYED.labels(kind, str(upstream.status_code)).inc()
         return StreamingResponse(
             upstream.aiter_raw(),
             status_code=upstream.status_code,
@@ -231,6 +258,7 @@ class ControlProxy:
         def unreachable(exc: httpx.HTTPError) -> str:
             return f"the node of sandbox {target.sandbox_id} cannot be reached: {exc}"
 
+        RELAYED.labels("data", "-").inc()
         await stream_through(plane.client, request, receive, send, unreachable)
 
     async def _node_url(self, sandbox_id: str) -> str | None:
@@ -254,4 +282,4 @@ def create_control_app(cfg: Config) -> Any:
     api_key, created = load_or_create_api_key(cfg.server.api_key, cfg.home)
     if created:
         print(f"Generated API key (stored under {cfg.home}/secrets): {api_key}", flush=True)
-    return ControlProxy(build_control_api(cfg, api_key), cfg.server.domain)
+    return RequestIds(ControlProxy(build_control_api(cfg, api_key), cfg.server.domain))

@@ -3,6 +3,7 @@ lost when it falls silent; the control plane places on the active ones."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,6 +41,15 @@ class NodeCapacity:
     @property
     def free_memory_mb(self) -> int:
         return self.memory_mb - self.committed_memory_mb
+
+    @functools.cached_property
+    def layer_set(self) -> set[str]:
+        """`layers` for membership tests (placement asks once per node per create)."""
+        return set(self.layers)
+
+    @functools.cached_property
+    def snapshot_set(self) -> set[str]:
+        return set(self.snapshots)
 
 
 @dataclass

@@ -5,16 +5,21 @@ for the sandbox's memory are candidates (the node's own admission stays the fina
 and the control plane tries the next candidate when a node refuses). Then locality: a
 node that already holds what the sandbox starts from (the snapshot's files, the
 template's disk stack in its block daemon, the paused sandbox's files) reads nothing from
-the object store. Then spread: the node with the most free committed memory, so load
-evens out; ties are broken by a hash of the sandbox key, not always the same node.
+the object store, while it is not nearly full (`LOCAL_LOAD_LIMIT`). Then spread: the
+node with the most free committed memory, so load evens out; ties are broken by a hash
+of the request's key, not always the same node.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 from .nodes import ACTIVE, NodeInfo
+
+# A node holding the content is preferred while it is committed below this fraction of its
+# memory; past it, it competes on free memory like any other (a popular template would
+# otherwise fill its first nodes to the brim while others idle).
+LOCAL_LOAD_LIMIT = 0.75
 
 
 @dataclass(frozen=True)
@@ -43,10 +48,13 @@ def candidates(nodes: list[NodeInfo], wanted: Wanted, now: float, timeout: float
     return sorted(fit, key=lambda n: _rank(n, wanted))
 
 
-def _rank(node: NodeInfo, wanted: Wanted) -> tuple[int, int, str]:
-    cached = bool(wanted.snapshots & set(node.capacity.snapshots)) or bool(
-        wanted.layers & set(node.capacity.layers)
-    )
-    local = node.name == wanted.origin or cached
-    tie = hashlib.sha256(f"{wanted.key}/{node.name}".encode()).hexdigest()
-    return (0 if local else 1, -node.capacity.free_memory_mb, tie)
+def _rank(node: NodeInfo, wanted: Wanted) -> tuple[int, int, int]:
+    capacity = node.capacity
+    local = (
+        node.name == wanted.origin
+        or any(s in capacity.snapshot_set for s in wanted.snapshots)
+        or any(layer in capacity.layer_set for layer in wanted.layers)
+    ) and capacity.committed_memory_mb < LOCAL_LOAD_LIMIT * capacity.memory_mb
+    # Any stable mix of key and node will do: it only orders equals.
+    tie = hash((wanted.key, node.name))
+    return (0 if local else 1, -capacity.free_memory_mb, tie)

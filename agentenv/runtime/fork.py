@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
+from ..observe.metrics import timed
 from .checkpoint import provision_from_checkpoint, take_checkpoint
 from .lifecycle import Event
 from .manager import SandboxManager
@@ -32,22 +33,23 @@ class SandboxForks:
     ) -> list[SandboxRecord | Exception]:
         """Checkpoint a running sandbox in place (it keeps its id and expiry) and start
         `count` sandboxes from that one checkpoint; each fork succeeds or fails alone."""
-        checkpoint = self.manager.forks_dir() / secrets.token_hex(8)
+        with timed("fork"):
+            checkpoint = self.manager.forks_dir() / secrets.token_hex(8)
 
-        async def freeze_and_copy(record: SandboxRecord) -> SandboxRecord:
-            await take_checkpoint(self.manager, record, checkpoint, memory=True)
-            return record
+            async def freeze_and_copy(record: SandboxRecord) -> SandboxRecord:
+                await take_checkpoint(self.manager, record, checkpoint, memory=True)
+                return record
 
-        source = await self.manager.operate(sandbox_id, Event.CHECKPOINT, freeze_and_copy)
-        try:
-            if timeout is None:
-                timeout = self.manager.cfg.sandbox.default_timeout
-            wanted = self.manager.clamp_timeout(timeout)
-            forks = (self._fork_one(source, checkpoint, wanted) for _ in range(count))
-            results = await asyncio.gather(*forks, return_exceptions=True)
-            crash_point("fork.children")
-        finally:
-            await asyncio.to_thread(shutil.rmtree, checkpoint, True)
+            source = await self.manager.operate(sandbox_id, Event.CHECKPOINT, freeze_and_copy)
+            try:
+                if timeout is None:
+                    timeout = self.manager.cfg.sandbox.default_timeout
+                wanted = self.manager.clamp_timeout(timeout)
+                forks = (self._fork_one(source, checkpoint, wanted) for _ in range(count))
+                results = await asyncio.gather(*forks, return_exceptions=True)
+                crash_point("fork.children")
+            finally:
+                await asyncio.to_thread(shutil.rmtree, checkpoint, True)
         outcomes: list[SandboxRecord | Exception] = []
         for result in results:
             if not isinstance(result, (SandboxRecord, Exception)):

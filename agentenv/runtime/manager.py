@@ -39,6 +39,7 @@ from ..net.netns import (
     plan_network,
 )
 from ..net.policy import egress_policy
+from ..observe.metrics import timed
 from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
 from ..vmm.qemuimg import create_qcow2, qcow2_virtual_size
@@ -205,26 +206,27 @@ class SandboxManager:
     ) -> T:
         """Under the sandbox's lock: `event` into its transient state, `body`, then DONE,
         or FAILED (LOST for `GuestLost`) when the body fails or `kill` cancels it."""
-        async with self.lock(sandbox_id):
-            record = await self.get(sandbox_id)
-            next_state(record.state, event)  # a refused event is 409, before admission
-            await self._stop_reader(sandbox_id)
-            if admit_memory:
-                async with self._admission_lock:
-                    await self._admit(demand_of(record), exclude=sandbox_id)
+        with timed(event.value):
+            async with self.lock(sandbox_id):
+                record = await self.get(sandbox_id)
+                next_state(record.state, event)  # a refused event is 409, before admission
+                await self._stop_reader(sandbox_id)
+                if admit_memory:
+                    async with self._admission_lock:
+                        await self._admit(demand_of(record), exclude=sandbox_id)
+                        await self._transition(record, event)
+                else:
                     await self._transition(record, event)
-            else:
-                await self._transition(record, event)
-            try:
-                result = await self._run_killable(sandbox_id, body(record))
-            except BaseException as exc:
-                failed = Event.LOST if isinstance(exc, GuestLost) else Event.FAILED
-                await self._transition(record, failed)
-                if record.state == State.KILLING:
-                    await asyncio.shield(self.teardown(record))
-                raise
-            await self._transition(record, Event.DONE)
-            return result
+                try:
+                    result = await self._run_killable(sandbox_id, body(record))
+                except BaseException as exc:
+                    failed = Event.LOST if isinstance(exc, GuestLost) else Event.FAILED
+                    await self._transition(record, failed)
+                    if record.state == State.KILLING:
+                        await asyncio.shield(self.teardown(record))
+                    raise
+                await self._transition(record, Event.DONE)
+                return result
 
     def read_paused(self, sandbox_id: str, body: Awaitable[None]) -> asyncio.Task[None]:
         """Run `body`, which reads a paused sandbox's files, until the next operation on
@@ -368,17 +370,18 @@ class SandboxManager:
     ) -> SandboxRecord:
         """Run `provision` for a new record; on any failure (or a kill) every acquired
         resource goes, the record last."""
-        cleanup = CleanupStack(f"create sandbox {record.sandbox_id} ({record.template_id})")
-        cleanup.push("state record", lambda: self.store.delete(record.sandbox_id))
-        async with self.lock(record.sandbox_id):
-            try:
-                await self._run_killable(record.sandbox_id, provision(cleanup))
-                crash_point("create.provisioned")
-                await self._transition(record, Event.DONE)
-            except BaseException:
-                await self._transition(record, Event.FAILED)
-                await cleanup.run()
-                raise
+        with timed("create"):
+            cleanup = CleanupStack(f"create sandbox {record.sandbox_id} ({record.template_id})")
+            cleanup.push("state record", lambda: self.store.delete(record.sandbox_id))
+            async with self.lock(record.sandbox_id):
+                try:
+                    await self._run_killable(record.sandbox_id, provision(cleanup))
+                    crash_point("create.provisioned")
+                    await self._transition(record, Event.DONE)
+                except BaseException:
+                    await self._transition(record, Event.FAILED)
+                    await cleanup.run()
+                    raise
         cleanup.dismiss()
         log.info("sandbox %s running (slot %d)", record.sandbox_id, record.slot)
         return record

@@ -23,6 +23,7 @@ from ..images.registry import RegistryClient
 from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
 from ..net.netns import ensure_host_forwarding
+from ..observe.metrics import CACHE, CAPACITY_MB, DISK_MB, SANDBOXES, set_counts
 from ..storage.blockd import BlockdClient
 from ..storage.stores import open_object_store
 from ..vmm.accel import AccelChoice, choose_accel
@@ -32,6 +33,7 @@ from .collect import Collector
 from .creation import SandboxCreations
 from .fork import SandboxForks
 from .heartbeat import NodePresence
+from .lifecycle import State
 from .manager import SandboxManager, guest_kernel_args
 from .pause import SandboxPauses
 from .persist import Uploads
@@ -73,6 +75,7 @@ class Node:
         self.pauses = snapshots.pauses
         self.snapshots = snapshots
         self.collector = collector
+        self.blockd = collector.blockd
         self.catalog = catalog
         self.puller = puller
         self.builds = builds
@@ -176,3 +179,22 @@ async def _cancelled(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def refresh_node_metrics(node: Node) -> None:
+    """The state gauges, read from their sources as a scrape asks for them."""
+    manager = node.manager
+    records = await manager.store.list()
+    counts: dict[str, int] = {}
+    for record in records:
+        counts[record.state.value] = counts.get(record.state.value, 0) + 1
+    set_counts(SANDBOXES, counts, tuple(state.value for state in State))
+    committed = await manager.committed()
+    CAPACITY_MB.labels("total").set(manager.capacity.memory_mb)
+    CAPACITY_MB.labels("committed").set(sum(d.memory_mb for d in committed))
+    DISK_MB.labels("total").set(manager.capacity.disk_mb)
+    DISK_MB.labels("committed").set(sum(d.disk_mb for d in committed))
+    stats = await asyncio.to_thread(node.blockd.try_stats)
+    cache = (stats or {}).get("cache") or {}
+    for kind in ("hits", "misses", "fetched_bytes", "bytes_used", "entries", "evictions"):
+        CACHE.labels(kind).set(cache.get(kind, 0))

@@ -22,6 +22,7 @@ from ..errors import Conflict, InvalidInput, Unavailable
 from ..images.catalog import BASE, TemplateCatalog
 from ..images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
 from ..images.templates import validate_name
+from ..observe.metrics import timed
 from ..storage.objectstore import ObjectStoreError
 from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmError
@@ -108,34 +109,35 @@ class SandboxSnapshots:
 
         # A running sandbox is frozen for the copy; a paused one's files are copied as
         # they are (it stays paused meanwhile).
-        record = await self.manager.get(sandbox_id)
-        if allows(record.state, Event.CHECKPOINT):
-            source = await self.manager.operate(sandbox_id, Event.CHECKPOINT, freeze_and_copy)
-        else:
-            source = await self.manager.operate(sandbox_id, Event.COPY, copy_files)
-        try:
-            snapshot = SnapshotRecord(
-                name=name,
-                tag=tag,
-                source_sandbox=source.sandbox_id,
-                template_id=source.template_id,
-                memory=memory,
-                vcpus=source.vcpus,
-                memory_mb=source.memory_mb,
-                kit=self.manager.pinned_kit(source).version,
-                guest={
-                    **source.guest,
-                    "env": {**source.guest.get("env", {}), **source.env_vars},
-                },
-                metadata=dict(source.metadata),
-                size=await asyncio.to_thread(_allocated_bytes, staging),
-                base=dict(source.layers),
-            )
-            crash_point("snapshot.copied")
-            await asyncio.to_thread(self._publish, staging, snapshot)
-        except BaseException:
-            await asyncio.to_thread(shutil.rmtree, staging, True)
-            raise
+        with timed("snapshot"):
+            record = await self.manager.get(sandbox_id)
+            if allows(record.state, Event.CHECKPOINT):
+                source = await self.manager.operate(sandbox_id, Event.CHECKPOINT, freeze_and_copy)
+            else:
+                source = await self.manager.operate(sandbox_id, Event.COPY, copy_files)
+            try:
+                snapshot = SnapshotRecord(
+                    name=name,
+                    tag=tag,
+                    source_sandbox=source.sandbox_id,
+                    template_id=source.template_id,
+                    memory=memory,
+                    vcpus=source.vcpus,
+                    memory_mb=source.memory_mb,
+                    kit=self.manager.pinned_kit(source).version,
+                    guest={
+                        **source.guest,
+                        "env": {**source.guest.get("env", {}), **source.env_vars},
+                    },
+                    metadata=dict(source.metadata),
+                    size=await asyncio.to_thread(_allocated_bytes, staging),
+                    base=dict(source.layers),
+                )
+                crash_point("snapshot.copied")
+                await asyncio.to_thread(self._publish, staging, snapshot)
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, staging, True)
+                raise
         log.info("sandbox %s snapshotted as %s", sandbox_id, snapshot.snapshot_id)
         self._upload(snapshot)
         return snapshot

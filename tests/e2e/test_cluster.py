@@ -79,6 +79,14 @@ def test_the_sdk_works_through_the_control_url(cluster: Cluster) -> None:
         assert node in cluster.nodes()
         listed = [s for s in Sandbox.list().next_items() if s.sandbox_id == sandbox.sandbox_id]
         assert listed and listed[0].state.value == "running"
+        # A request id given to the control plane reaches the node and comes back.
+        request_id = "trace-" + sandbox.sandbox_id
+        answer = cluster.api.get(
+            f"/sandboxes/{sandbox.sandbox_id}/metrics", headers={"X-Request-Id": request_id}
+        )
+        assert answer.status_code == 200 and answer.headers["x-request-id"] == request_id
+        node_log = next(m.log for m in cluster.state.members if m.name == node)
+        assert request_id in Path(node_log).read_text()
         sandbox.pause()
         resumed = Sandbox.connect(sandbox.sandbox_id)
         assert resumed.files.read("/tmp/f") == "content"
@@ -86,6 +94,25 @@ def test_the_sdk_works_through_the_control_url(cluster: Cluster) -> None:
     finally:
         sandbox.kill()
     assert cluster.api.get(f"/sandboxes/{sandbox.sandbox_id}").status_code == 404
+
+
+def test_control_and_nodes_export_metrics(cluster: Cluster) -> None:
+    sandbox = Sandbox.create()
+    try:
+        control = httpx.get(cluster.url + "/metrics").text
+        assert 'aenv_nodes{state="active"} 3.0' in control
+        assert 'aenv_sandboxes{state="running"}' in control
+        assert 'aenv_control_requests_total{kind="create",status="201"}' in control
+        node = next(
+            m for m in cluster.state.members if m.name == cluster.node_of(sandbox.sandbox_id)
+        )
+        metrics = httpx.get(node.url + "/metrics").text
+        assert 'aenv_operation_seconds_count{operation="create",outcome="ok"}' in metrics
+        assert 'aenv_sandboxes{state="running"} 1.0' in metrics
+        assert 'aenv_node_memory_mb{kind="committed"} 256.0' in metrics
+        assert 'aenv_chunk_cache{kind="hits"}' in metrics
+    finally:
+        sandbox.kill()
 
 
 def test_placement_spreads_and_follows_a_snapshot(cluster: Cluster) -> None:

@@ -83,6 +83,13 @@ class BlockdClient:
     def status(self) -> dict[str, Any]:
         return self._call({"op": "status"})
 
+    def try_stats(self, timeout: float = 5.0) -> dict[str, Any] | None:
+        """The daemon's counters (its chunk cache's, its reads), or None when none answers."""
+        try:
+            return self.request({"op": "stats"}, timeout=timeout)
+        except (OSError, ValueError):
+            return None
+
     def mount(self, name: str, layers: list[str]) -> tuple[Path, int]:
         """Serve the stack `layers` (bottom to top) as `<mnt>/<name>.img`: (path, size)."""
         answer = self._call({"op": "mount", "name": name, "layers": list(layers)})

@@ -1,0 +1,57 @@
+"""Placement's order: capacity, then locality, then spread."""
+
+from __future__ import annotations
+
+from agentenv.control.nodes import ACTIVE, DRAINING, LOST, NodeCapacity, NodeInfo
+from agentenv.control.placement import Wanted, candidates
+
+NOW = 1000.0
+
+
+def node(name: str, free: int, state: str = ACTIVE, silent: float = 1.0, **held) -> NodeInfo:
+    capacity = NodeCapacity(memory_mb=4096, committed_memory_mb=4096 - free, **held)
+    return NodeInfo(name, f"http://{name}", state, capacity, NOW - silent, 0.0)
+
+
+def names(nodes: list[NodeInfo]) -> list[str]:
+    return [n.name for n in nodes]
+
+
+def test_only_live_active_nodes_with_room_are_candidates() -> None:
+    nodes = [
+        node("full", 100),
+        node("draining", 4000, DRAINING),
+        node("lost", 4000, LOST),
+        node("silent", 4000, silent=30),
+        node("ok", 600),
+    ]
+    assert names(candidates(nodes, Wanted(512), NOW, timeout=15)) == ["ok"]
+
+
+def test_locality_comes_before_spread() -> None:
+    nodes = [
+        node("empty", 4000),
+        node("has-layer", 2000, layers=["top"]),
+        node("has-snapshot", 1800, snapshots=["s:1"]),
+        node("full-with-layer", 600, layers=["top"]),
+    ]
+    assert names(candidates(nodes, Wanted(512), NOW, 15))[0] == "empty"
+    wanted = Wanted(512, layers=frozenset({"top"}))
+    assert names(candidates(nodes, wanted, NOW, 15))[0] == "has-layer"
+    assert names(candidates(nodes, Wanted(512, snapshots=frozenset({"s:1"})), NOW, 15))[0] == (
+        "has-snapshot"
+    )
+    assert names(candidates(nodes, Wanted(512, origin="has-snapshot"), NOW, 15))[0] == (
+        "has-snapshot"
+    )
+    # Past LOCAL_LOAD_LIMIT a node holding the layer competes on free memory only.
+    assert names(candidates(nodes, wanted, NOW, 15))[-1] == "full-with-layer"
+
+
+def test_equal_nodes_are_spread_by_key() -> None:
+    nodes = [node(f"n{i}", 2048) for i in range(8)]
+    firsts = {names(candidates(nodes, Wanted(512, key=str(k)), NOW, 15))[0] for k in range(40)}
+    assert len(firsts) >= 4
+    assert names(candidates(nodes, Wanted(512, key="x"), NOW, 15)) == names(
+        candidates(nodes, Wanted(512, key="x"), NOW, 15)
+    )
