@@ -47,7 +47,10 @@ async def _run(*args: str, stdin: bytes | None = None) -> str:
 
 async def ensure_host_forwarding(host_subnet: str, name_prefix: str) -> None:
     """Install this server's host chains (forwarding, masquerading, isolation); idempotent."""
-    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+    forwarding = Path("/proc/sys/net/ipv4/ip_forward")
+    # Set only when off: in a container /proc/sys may be read-only, and set already.
+    if forwarding.read_text().strip() != "1":
+        forwarding.write_text("1\n")
     for chain in host_chains(name_prefix, host_subnet):
         try:
             await _run("iptables", "-t", chain.table, "-N", chain.name)
