@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 APT_PACKAGES := python3-venv python3-dev qemu-system-x86 qemu-utils busybox-static debootstrap \
 	iptables iproute2 e2fsprogs cpio kmod zstd util-linux procps tmux ca-certificates docker-registry apache2-utils libfuse3-dev fuse3 pkg-config \
-	postgresql docker.io docker-compose
+	postgresql docker.io docker-compose systemd
 STAMP := $(VENV)/.installed
 
 .PHONY: run test quick-test bench lint format system-deps venv kit clean
@@ -51,7 +51,7 @@ test: kit lint
 	$(BIN)/pytest -q
 
 quick-test: venv
-	$(BIN)/pytest -q -m 'not vm'
+	$(BIN)/pytest -q -m 'not vm and not slow'
 
 bench: kit
 	@for b in benchmarks/bench_*.py; do $(BIN)/python -m benchmarks.$$(basename $$b .py) || exit 1; done
