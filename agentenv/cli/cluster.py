@@ -81,6 +81,13 @@ def cmd_node_drain(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_activate(ctx: Context, args: argparse.Namespace) -> int:
+    """Undo a drain: the node takes new sandboxes again."""
+    with ctx.api() as api:
+        api.call_json("POST", f"/nodes/{quote(args.name, safe='')}/activate")
+    return 0
+
+
 def cmd_node_rm(ctx: Context, args: argparse.Namespace) -> int:
     """Forget the node: its stored paused sandboxes resume elsewhere, the rest are gone."""
     with ctx.api() as api:

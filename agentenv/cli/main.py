@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", choices=("table", "json"))
     p = _add(group_sub, "drain", cluster.cmd_node_drain, "stop placing on a node")
     p.add_argument("name", metavar="NODE")
+    p = _add(group_sub, "activate", cluster.cmd_node_activate, "undo a drain")
+    p.add_argument("name", metavar="NODE")
     p = _add(group_sub, "rm", cluster.cmd_node_rm, "forget a node")
     p.add_argument("name", metavar="NODE")
 

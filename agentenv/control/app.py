@@ -27,7 +27,7 @@ from ..api.limits import BodyLimit
 from ..api.models import ListedSandbox, SandboxDetail
 from ..api.sandboxes import listed_page, public_domain, running_listed, sandbox_detail
 from ..config import Config
-from ..errors import NotFound
+from ..errors import Conflict, NotFound
 from ..observe.logs import RequestIds
 from ..observe.metrics import (
     CONTENT_TYPE,
@@ -42,7 +42,7 @@ from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
 from ..proxy.target import BadTarget, find_target
 from ..proxy.websocket import bridge_websocket
 from ..runtime.lifecycle import State
-from .nodes import DRAINING, LOST, NODE_STATES, NodeInfo
+from .nodes import ACTIVE, DRAINING, LOST, NODE_STATES, NodeInfo
 from .plane import ControlPlane
 from .store import open_engine
 
@@ -116,6 +116,17 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     async def drain_node(plane: Plane, name: str) -> Response:
         if not await plane.nodes.set_state(name, DRAINING):
             raise NotFound(f"node '{name}' not found")
+        return Response(status_code=204)
+
+    @protected.post("/nodes/{name}/activate", status_code=204)
+    async def activate_node(plane: Plane, name: str) -> Response:
+        """Undo a drain: the node takes new sandboxes again (a lost one has to restart)."""
+        node = await plane.nodes.get(name)
+        if node is None:
+            raise NotFound(f"node '{name}' not found")
+        if node.state == LOST:
+            raise Conflict(f"node '{name}' was lost: it rejoins when it starts again")
+        await plane.nodes.set_state(name, ACTIVE)
         return Response(status_code=204)
 
     @protected.delete("/nodes/{name}", status_code=204)

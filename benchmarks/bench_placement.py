@@ -8,7 +8,7 @@ store (and caches it); a resume of a paused sandbox on a node other than the one
 its files fetches its saved state. Every policy skips full nodes. Sandboxes live a fixed
 number of events; half of those that end are paused and may be resumed later.
 
-Prints one JSON line per policy. Run: `python -m benchmarks.sim_placement [--events N]`.
+Prints one JSON line per policy. Run: `python -m benchmarks.bench_placement [--events N]`.
 """
 
 from __future__ import annotations
