@@ -104,10 +104,14 @@ def random_slash30(network: str) -> str:
         destination = words[0] if words[0][0].isdigit() else words[1]
         if destination[0].isdigit():
             routed.append(IPv4Network(destination, strict=False))
-    while True:
-        subnet = secrets.choice(list(IPv4Network(network).subnets(new_prefix=30)))
-        if not any(subnet.overlaps(route) for route in routed):
-            return str(subnet)
+    free = [
+        subnet
+        for subnet in IPv4Network(network).subnets(new_prefix=30)
+        if not any(subnet.overlaps(route) for route in routed)
+    ]
+    if not free:
+        raise RuntimeError(f"every /30 of {network} is routed on this host")
+    return str(secrets.choice(free))
 
 
 def remove_namespace(netns: str) -> None:
@@ -235,7 +239,8 @@ def lab(sandbox_subnet: str) -> Iterator[Lab]:
     with ExitStack() as stack:
         internet = stack.enter_context(peer(random_slash30("203.0.113.0/24")))
         private = stack.enter_context(peer(random_slash30("172.16.0.0/16")))
-        resolver = stack.enter_context(peer(random_slash30("172.17.0.0/16")))
+        # Not 172.17/16: a Docker engine's bridge takes it whole.
+        resolver = stack.enter_context(peer(random_slash30("192.168.200.0/24")))
         metadata = stack.enter_context(metadata_service(private, sandbox_subnet))
         ports = {
             "host": stack.enter_context(serving("host")),

@@ -76,6 +76,7 @@ class SandboxStore(Protocol):
     async def list(self) -> list[SandboxRecord]: ...
     async def list_all(self) -> list[SandboxRecord]: ...
     async def get_any(self, sandbox_id: str) -> SandboxRecord | None: ...
+    async def owners(self, sandbox_ids: list[str]) -> dict[str, str]: ...
     async def take_over(
         self, record: SandboxRecord, slot: int, state: State, vm: dict[str, Any] | None
     ) -> bool: ...
@@ -213,6 +214,14 @@ class SqlSandboxStore:
         """The record whichever node it belongs to."""
         rows = await self._rows(sa.select(sandboxes).where(sandboxes.c.sandbox_id == sandbox_id))
         return rows[0] if rows else None
+
+    async def owners(self, sandbox_ids: list[str]) -> dict[str, str]:
+        """The node of each of `sandbox_ids` that has a record."""
+        query = sa.select(sandboxes.c.sandbox_id, sandboxes.c.node).where(
+            sandboxes.c.sandbox_id.in_(sandbox_ids)
+        )
+        async with self.engine.connect() as connection:
+            return {row.sandbox_id: row.node for row in await connection.execute(query)}
 
     async def take_over(
         self, record: SandboxRecord, slot: int, state: State, vm: dict[str, Any] | None

@@ -1,5 +1,5 @@
-"""Adoption: a node takes a paused sandbox whose node was lost, so its next resume runs
-here from the object store. Only a sandbox at rest there can outlive its node (the
+"""Adoption: a node takes a paused sandbox whose node was lost (or is draining), so its
+next resume runs here from the object store. Only a sandbox at rest there can outlive its node (the
 lifecycle's ADOPT event); the record moves by compare-and-set, so two nodes asked at once
 never both take it."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..control.nodes import LOST, NodeRegistry
+from ..control.nodes import ACTIVE, NodeRegistry
 from ..control.store import SandboxRecord
 from ..errors import Conflict, NotFound
 from .lifecycle import Event, next_state
@@ -26,13 +26,14 @@ async def adopt(manager: SandboxManager, nodes: NodeRegistry, sandbox_id: str) -
     if record.node == store.node:
         return record
     owner = await nodes.get(record.node)
-    if owner is not None and owner.state != LOST:
+    if owner is not None and owner.state == ACTIVE:
         raise Conflict(f"sandbox '{sandbox_id}' belongs to node '{record.node}', which is up")
     if not record.stored:
         raise NotFound(
             f"sandbox '{sandbox_id}' was lost with node '{record.node}': its files never "
             "reached the object store"
         )
+    record_node = record.node
     state = next_state(record.state, Event.ADOPT)
     slot = await manager.hold_slot()
     try:
@@ -40,7 +41,7 @@ async def adopt(manager: SandboxManager, nodes: NodeRegistry, sandbox_id: str) -
             raise Conflict(f"sandbox '{sandbox_id}' changed while being adopted; try again")
     finally:
         await manager.release_slot(slot)
-    log.info("sandbox %s adopted from lost node %s", sandbox_id, owner.name if owner else "?")
+    log.info("sandbox %s adopted from node %s", sandbox_id, record_node)
     return record
 
 

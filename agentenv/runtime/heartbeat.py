@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from ..control.nodes import LOST, NodeCapacity, NodeRegistry
 from ..storage.blockd import BlockdClient
+from .handoff import release_moved
 from .lifecycle import PUBLIC_STATE
 from .manager import SandboxManager
 from .snapshots import SandboxSnapshots
@@ -65,6 +66,7 @@ class NodePresence:
             await asyncio.sleep(interval)
             try:
                 state = await self.registry.heartbeat(self.name, await self.capacity())
+                await release_moved(self.manager)
             except Exception:
                 log.exception("heartbeat of node %s failed", self.name)
                 continue

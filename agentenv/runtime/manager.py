@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import secrets
 import shutil
@@ -351,9 +352,19 @@ class SandboxManager:
         return record
 
     async def _free_slot(self) -> int:
-        """A network slot no record and no warm VM holds (under the admission lock)."""
+        """A network slot no record and no warm VM holds (under the admission lock), and
+        whose interfaces are gone (a sandbox that moved to another node may still hold
+        them for a moment: `handoff.py`)."""
         used = {r.slot for r in await self.store.list()} | self._held_slots
-        return next(i for i in range(len(used) + 1) if i not in used)
+        return next(i for i in itertools.count() if i not in used and not self._slot_busy(i))
+
+    def _slot_busy(self, slot: int) -> bool:
+        net = self.cfg.net
+        plan = plan_network(
+            slot, "-", name_prefix=net.name_prefix, host_subnet=net.host_subnet,
+            guest_ip=net.guest_ip, guest_gateway=net.guest_gateway, guest_prefix=net.guest_prefix,
+        )  # fmt: skip
+        return Path(f"/sys/class/net/{plan.host_veth}").exists()
 
     async def hold_slot(self) -> int:
         """Hold a network slot for a VM that is no sandbox yet."""

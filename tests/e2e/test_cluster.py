@@ -170,6 +170,32 @@ def test_two_control_replicas_at_once(cluster: Cluster) -> None:
         second.wait(30)
 
 
+def test_a_drained_nodes_paused_sandbox_moves_on_resume(cluster: Cluster) -> None:
+    sandbox = Sandbox.create()
+    try:
+        sandbox.commands.run("echo moved > ~/state && " + TICKER)
+        sandbox.pause()
+        _until_stored(cluster, sandbox.sandbox_id)
+        node = cluster.node_of(sandbox.sandbox_id)
+        assert cluster.api.post(f"/nodes/{node}/drain").status_code == 204
+        try:
+            resumed = Sandbox.connect(sandbox.sandbox_id)
+            assert cluster.node_of(sandbox.sandbox_id) != node
+            assert resumed.commands.run("cat ~/state").stdout == "moved\n"
+            assert ticks(resumed) is not None
+        finally:
+            assert cluster.api.post(f"/nodes/{node}/activate").status_code == 204
+    finally:
+        sandbox.kill()
+
+
+def _until_stored(cluster: Cluster, sandbox_id: str) -> None:
+    deadline = time.monotonic() + 120
+    while cluster.api.get(f"/sandboxes/{sandbox_id}").json().get("storage") != "stored":
+        assert time.monotonic() < deadline, "the paused sandbox was not stored in time"
+        time.sleep(0.5)
+
+
 def test_a_lost_nodes_paused_sandbox_resumes_elsewhere(cluster: Cluster) -> None:
     """SIGKILL the node of a paused sandbox (stored) and a running one: after the timeout
     the paused one resumes on another node with its processes and disk; the running one
@@ -179,10 +205,7 @@ def test_a_lost_nodes_paused_sandbox_resumes_elsewhere(cluster: Cluster) -> None
     node = cluster.node_of(paused.sandbox_id)
     running = _create_on(cluster, node)
     paused.pause()
-    deadline = time.monotonic() + 120
-    while cluster.api.get(f"/sandboxes/{paused.sandbox_id}").json().get("storage") != "stored":
-        assert time.monotonic() < deadline, "the paused sandbox was not stored in time"
-        time.sleep(0.5)
+    _until_stored(cluster, paused.sandbox_id)
     os.kill(cluster.pid(node), signal.SIGKILL)
     deadline = time.monotonic() + NODE_TIMEOUT + 15
     while cluster.nodes()[node]["state"] != "lost":

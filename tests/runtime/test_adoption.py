@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.control.nodes import LOST, NodeCapacity, NodeRegistry
+from agentenv.control.nodes import DRAINING, LOST, NodeCapacity, NodeRegistry
 from agentenv.control.store import SqlSandboxStore
 from agentenv.errors import Conflict, NotFound
 from agentenv.runtime.adoption import adopt
@@ -47,8 +47,11 @@ async def test_only_a_lost_nodes_stored_paused_sandbox_is_adopted(h: Harness) ->
 
     with pytest.raises(Conflict, match="which is up"):
         await adopt(h.manager, nodes, "paused-stored")
+    await nodes.set_state("n2", DRAINING)
+    record = await adopt(h.manager, nodes, "paused-stored")  # drained off
+    assert record.node == "node-1"
     await nodes.set_state("n2", LOST)
-    for sandbox_id in ("paused-stored", "copying-stored"):
+    for sandbox_id in ("copying-stored", "paused-stored"):
         record = await adopt(h.manager, nodes, sandbox_id)
         assert (record.node, record.state) == ("node-1", State.PAUSED)
         assert record.slot != 0 and record.vm is not None
