@@ -4,6 +4,7 @@ unmodified E2B SDK; placement, a second control replica, node loss, and `down`."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -15,12 +16,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import websockets
 from e2b import Sandbox
 
 from agentenv.cluster.local import ClusterState, LocalCluster
 from agentenv.cluster.postgres import free_port
 
-from ..live import AENV
+from ..live import AENV, wait_for
+from .test_proxy import GUEST_DIR
 from .test_snapshots import TICKER, ticks
 
 pytestmark = pytest.mark.vm
@@ -94,6 +97,35 @@ def test_the_sdk_works_through_the_control_url(cluster: Cluster) -> None:
     finally:
         sandbox.kill()
     assert cluster.api.get(f"/sandboxes/{sandbox.sandbox_id}").status_code == 404
+
+
+def test_guest_ports_and_websockets_through_the_control_url(cluster: Cluster) -> None:
+    sandbox = Sandbox.create()
+    try:
+        sandbox.files.write("/tmp/ws_echo.py", (GUEST_DIR / "ws_echo.py").read_text())
+        sandbox.commands.run("python3 /tmp/ws_echo.py 9000", background=True)
+        headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "9000"}
+
+        def up() -> bool:
+            try:
+                return httpx.get(cluster.url + "/", headers=headers, timeout=2).status_code != 502
+            except httpx.HTTPError:
+                return False
+
+        assert wait_for(up, timeout=30)
+
+        async def talk() -> list[str]:
+            ws_url = cluster.url.replace("http://", "ws://")
+            async with websockets.connect(f"{ws_url}/proxy/{sandbox.sandbox_id}/9000/chat") as ws:
+                replies = []
+                for text in ("one", "two" * 100):
+                    await ws.send(text)
+                    replies.append(await asyncio.wait_for(ws.recv(), 10))
+                return replies
+
+        assert asyncio.run(talk()) == ["echo:one", "echo:" + "two" * 100]
+    finally:
+        sandbox.kill()
 
 
 def test_control_and_nodes_export_metrics(cluster: Cluster) -> None:
