@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
-
-import pytest
 
 from agentenv.control.nodes import ACTIVE, DRAINING, LOST, NodeCapacity, NodeRegistry
 from agentenv.control.store import open_engine
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'state.db'}"
-    return request.getfixturevalue("postgres_url")
 
 
 async def test_a_silent_node_is_lost_until_it_registers_again(state_url: str) -> None:

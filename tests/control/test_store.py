@@ -28,14 +28,6 @@ def _record(sandbox_id: str, slot: int) -> SandboxRecord:
     )
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The same contract on both databases a store runs on."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'state.db'}"
-    return request.getfixturevalue("postgres_url")
-
-
 async def test_round_trip_update_delete_and_persistence(state_url: str) -> None:
     store = await SqlSandboxStore.open(state_url, "n1")
     await store.insert(_record("a", 0))

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import websockets
 from e2b import Sandbox
 
 from agentenv.cluster.local import ClusterState, LocalCluster
 from agentenv.cluster.postgres import free_port
 
 from ..live import AENV, wait_for
-from .test_proxy import GUEST_DIR
+from .test_proxy import GUEST_DIR, echo_twice
 from .test_snapshots import TICKER, ticks
 
 pytestmark = pytest.mark.vm
@@ -114,16 +113,8 @@ def test_guest_ports_and_websockets_through_the_control_url(cluster: Cluster) ->
 
         assert wait_for(up, timeout=30)
 
-        async def talk() -> list[str]:
-            ws_url = cluster.url.replace("http://", "ws://")
-            async with websockets.connect(f"{ws_url}/proxy/{sandbox.sandbox_id}/9000/chat") as ws:
-                replies = []
-                for text in ("one", "two" * 100):
-                    await ws.send(text)
-                    replies.append(await asyncio.wait_for(ws.recv(), 10))
-                return replies
-
-        assert asyncio.run(talk()) == ["echo:one", "echo:" + "two" * 100]
+        ws_url = cluster.url.replace("http://", "ws://") + f"/proxy/{sandbox.sandbox_id}/9000/chat"
+        assert asyncio.run(echo_twice(ws_url)) == ["echo:one", "echo:" + "two" * 100]
     finally:
         sandbox.kill()
 

@@ -87,6 +87,16 @@ def test_access_tokens(server: LiveServer) -> None:
     kill(server, second["sandboxID"])
 
 
+async def echo_twice(ws_url: str) -> list[str]:
+    """Two messages to `ws_echo.py` over a WebSocket; its replies."""
+    async with websockets.connect(ws_url) as ws:
+        replies = []
+        for text in ("one", "two" * 100):
+            await ws.send(text)
+            replies.append(await asyncio.wait_for(ws.recv(), 10))
+        return replies
+
+
 def test_websocket_bridged(server: LiveServer) -> None:
     sandbox = create(server)
     sid = sandbox["sandboxID"]
@@ -96,16 +106,8 @@ def test_websocket_bridged(server: LiveServer) -> None:
         assert envd.post("/files", params={"path": "/tmp/ws_echo.py"}, content=script).is_success
     _serve_in_guest(server, sandbox, "python3 /tmp/ws_echo.py 9000", 9000)
 
-    async def talk() -> list[str]:
-        ws_url = server.url.replace("http://", "ws://") + f"/proxy/{sid}/9000/chat"
-        async with websockets.connect(ws_url) as ws:
-            replies = []
-            for text in ("one", "two" * 100):
-                await ws.send(text)
-                replies.append(await asyncio.wait_for(ws.recv(), 10))
-            return replies
-
-    assert asyncio.run(talk()) == ["echo:one", "echo:" + "two" * 100]
+    ws_url = server.url.replace("http://", "ws://") + f"/proxy/{sid}/9000/chat"
+    assert asyncio.run(echo_twice(ws_url)) == ["echo:one", "echo:" + "two" * 100]
     kill(server, sid)
 
 
