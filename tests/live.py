@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from agentenv.cluster.postgres import free_port
 from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
 from agentenv.runtime.bootsnap import complete_snapshots
@@ -35,12 +35,6 @@ def _unique_network() -> tuple[str, str]:
         if f" 10.{octet}." not in used:
             return f"at{secrets.token_hex(2)}", f"10.{octet}.0.0/16"
     raise RuntimeError("no free 10.x.0.0/16 for a test server")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

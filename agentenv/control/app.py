@@ -37,9 +37,9 @@ from ..observe.metrics import (
     exposition,
     set_counts,
 )
-from ..proxy.router import refuse, request_target
+from ..proxy.router import refuse, target_of
 from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
-from ..proxy.target import BadTarget, find_target
+from ..proxy.target import BadTarget
 from ..proxy.websocket import bridge_websocket
 from ..runtime.lifecycle import State
 from .nodes import ACTIVE, DRAINING, LOST, NODE_STATES, NodeInfo
@@ -231,11 +231,8 @@ class ControlProxy:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        raw_path = request_target(scope)
         try:
-            target = find_target(headers, raw_path or "", self._domain)
-            if target is not None and not (raw_path or "").startswith("/"):
-                raise BadTarget("the request path must be ASCII and begin with '/'")
+            target = target_of(scope, self._domain)
         except BadTarget as exc:
             await refuse(scope, send, 400, str(exc))
             return

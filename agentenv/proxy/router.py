@@ -45,12 +45,8 @@ class SandboxProxy:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        raw_path = request_target(scope)
         try:
-            target = find_target(headers, raw_path or "", self._domain)
-            # It is appended to the guest's address: `*` (OPTIONS *) would make it a port.
-            if target is not None and not (raw_path or "").startswith("/"):
-                raise BadTarget("the request path must be ASCII and begin with '/'")
+            target = target_of(scope, self._domain)
         except BadTarget as exc:
             await refuse(scope, send, 400, str(exc))
             return
@@ -114,6 +110,17 @@ async def refuse(scope: Scope, send: Send, status: int, message: str) -> None:
         await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
     else:
         await send_error(send, status, message)
+
+
+def target_of(scope: Scope, domain: str) -> Target | None:
+    """The sandbox port a request is for (None: it is an API request); BadTarget when it
+    names a sandbox but no usable port or path."""
+    raw_path = request_target(scope)
+    target = find_target(dict(scope["headers"]), raw_path or "", domain)
+    # It is appended to the guest's address: `*` (OPTIONS *) would make it a port.
+    if target is not None and not (raw_path or "").startswith("/"):
+        raise BadTarget("the request path must be ASCII and begin with '/'")
+    return target
 
 
 def request_target(scope: Scope) -> str | None:
