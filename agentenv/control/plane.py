@@ -99,9 +99,13 @@ class ControlPlane:
         if not nodes:
             raise Unavailable(f"sandbox '{record.sandbox_id}': no other node has room for it")
         for node in nodes:
-            answer = await self._call(
-                node, "POST", f"/sandboxes/{record.sandbox_id}/adopt", headers
-            )
+            try:
+                answer = await self._call(
+                    node, "POST", f"/sandboxes/{record.sandbox_id}/adopt", headers
+                )
+            except httpx.HTTPError as exc:
+                log.warning("node %s could not adopt %s: %s", node.name, record.sandbox_id, exc)
+                continue
             if answer.status_code == 204:
                 log.info(
                     "sandbox %s moved from %s to %s", record.sandbox_id, record.node, node.name

@@ -1,0 +1,66 @@
+"""The control plane's decisions against nodes that answer, refuse or are gone."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+
+from agentenv.config import Config
+from agentenv.control.nodes import LOST, NodeCapacity
+from agentenv.control.plane import ControlPlane
+from agentenv.control.store import SandboxRecord, SqlSandboxStore, open_engine
+from agentenv.runtime.lifecycle import State
+
+START = datetime(2026, 1, 1, tzinfo=UTC)
+BASE = SandboxRecord("x", "base", State.PAUSED, START, START + timedelta(hours=1), 1, 256,
+                     4096, 0)  # fmt: skip
+
+
+async def test_moves_creates_and_lost_nodes(tmp_path: Path, state_url: str) -> None:
+    cfg = Config()
+    cfg.paths.home = str(tmp_path)
+    calls: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(f"{request.url.host} {request.url.path}")
+        if request.url.host == "n1":
+            raise httpx.ConnectError("gone", request=request)
+        if request.url.path.endswith("/adopt"):
+            return httpx.Response(204)
+        return httpx.Response(503 if request.url.host == "n2" else 201, json={})
+
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        plane = ControlPlane(cfg, engine, client)
+        for name, free in (("n1", 4000), ("n2", 3000), ("n3", 2000), ("lost", 4000)):
+            capacity = NodeCapacity(memory_mb=4096, committed_memory_mb=4096 - free)
+            await plane.nodes.register(name, f"http://{name}", capacity)
+        await plane.nodes.set_state("lost", LOST)
+        on_lost = SqlSandboxStore(engine, "lost")
+        for slot, (sandbox_id, state, stored) in enumerate(
+            (("kept", State.PAUSED, True), ("gone", State.RUNNING, False))
+        ):
+            await on_lost.insert(
+                dataclasses.replace(
+                    BASE, sandbox_id=sandbox_id, state=state, stored=stored, slot=slot
+                )
+            )
+
+        # The best node (n1) is dead, so the move goes to the next one that answers.
+        node = await plane.node_for_operation("kept", {})
+        assert node.name == "n2" and calls[:2] == [
+            "n1 /sandboxes/kept/adopt",
+            "n2 /sandboxes/kept/adopt",
+        ]
+        # A create skips the dead node and the one refusing for capacity.
+        calls.clear()
+        created = await plane.create("/v2/sandboxes", b'{"templateID": "base"}', {})
+        assert created.status_code == 201
+        assert calls == ["n1 /v2/sandboxes", "n2 /v2/sandboxes", "n3 /v2/sandboxes"]
+        # What a lost node took with it is forgotten; its stored paused sandbox is not.
+        await plane.settle_lost_nodes()
+        assert {r.sandbox_id for r in await plane.sandboxes.list_all()} == {"kept"}
+    await engine.dispose()
