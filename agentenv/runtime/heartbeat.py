@@ -14,7 +14,7 @@ from ..control.nodes import LOST, NodeCapacity, NodeRegistry
 from ..storage.blockd import BlockdClient
 from .handoff import release_moved
 from .lifecycle import PUBLIC_STATE
-from .manager import SandboxManager
+from .manager import SandboxManager, committed_by
 from .snapshots import SandboxSnapshots
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class NodePresence:
     async def capacity(self) -> NodeCapacity:
         manager = self.manager
         records = await manager.store.list()
-        committed = await manager.committed()
+        committed = committed_by(records)
         mounts = await asyncio.to_thread(self.blockd.status)
         return NodeCapacity(
             memory_mb=manager.capacity.memory_mb,

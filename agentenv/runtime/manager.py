@@ -111,6 +111,14 @@ def demand_of(record: SandboxRecord) -> Demand:
     return Demand(record.memory_mb, record.disk_mb + record.memory_mb, record.vcpus)
 
 
+def committed_by(records: list[SandboxRecord]) -> list[Demand]:
+    """What these sandbox records hold: paused ones hold disk but no memory."""
+    return [
+        demand_of(r) if r.state in HOLDS_MEMORY else Demand(0, demand_of(r).disk_mb, 0)
+        for r in records
+    ]
+
+
 class SandboxManager:
     """Owns every sandbox on this node."""
 
@@ -256,17 +264,9 @@ class SandboxManager:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
 
-    async def committed(self, exclude: str | None = None) -> list[Demand]:
-        """What this node's sandbox records hold (but `exclude`'s)."""
-        records = [r for r in await self.store.list() if r.sandbox_id != exclude]
-        # Paused sandboxes hold disk but no memory.
-        return [
-            demand_of(r) if r.state in HOLDS_MEMORY else Demand(0, demand_of(r).disk_mb, 0)
-            for r in records
-        ]
-
     async def _admit(self, demand: Demand, exclude: str | None = None) -> None:
-        committed = await self.committed(exclude)
+        records = [r for r in await self.store.list() if r.sandbox_id != exclude]
+        committed = committed_by(records)
         await asyncio.to_thread(
             admit, demand, committed, self.capacity, self.cfg.sandbox, self.cfg.home
         )

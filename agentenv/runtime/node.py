@@ -34,7 +34,7 @@ from .creation import SandboxCreations
 from .fork import SandboxForks
 from .heartbeat import NodePresence
 from .lifecycle import State
-from .manager import SandboxManager, guest_kernel_args
+from .manager import SandboxManager, committed_by, guest_kernel_args
 from .pause import SandboxPauses
 from .persist import Uploads
 from .recovery import recover
@@ -189,7 +189,7 @@ async def refresh_node_metrics(node: Node) -> None:
     for record in records:
         counts[record.state.value] = counts.get(record.state.value, 0) + 1
     set_counts(SANDBOXES, counts, tuple(state.value for state in State))
-    committed = await manager.committed()
+    committed = committed_by(records)
     CAPACITY_MB.labels("total").set(manager.capacity.memory_mb)
     CAPACITY_MB.labels("committed").set(sum(d.memory_mb for d in committed))
     DISK_MB.labels("total").set(manager.capacity.disk_mb)
