@@ -55,7 +55,8 @@ while True:
 
 # Tries every target at once, each with a 3 s timeout, and prints {target: outcome} as JSON:
 # the body of an HTTP answer, "http <status>" for an error status, the address a `dns://`
-# server gave, or "unreachable: <error>".
+# server gave, "open" for a `tcp://host:port` that accepted a connection, or
+# "unreachable: <error>".
 PROBE = r"""
 import json, socket, struct, sys, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +74,10 @@ def outcome(target):
     try:
         if target.startswith("dns://"):
             return resolve(*target[6:].split("/", 1))
+        if target.startswith("tcp://"):
+            host, port = target[6:].rsplit(":", 1)
+            socket.create_connection((host, int(port)), timeout=3).close()
+            return "open"
         with opener.open(target, timeout=3) as response:
             return response.read().decode()
     except urllib.error.HTTPError as exc:

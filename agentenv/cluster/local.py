@@ -1,6 +1,7 @@
 """`aenv cluster up|status|down`: a whole cluster as processes on this host, for trying
 and testing: Debian's PostgreSQL, an S3 server (moto), one control plane and N nodes,
-each node with its own home, port, network name prefix and subnet.
+each node in its own network namespace and address (`network.py`) with its own home,
+network name prefix and subnet.
 
 What it started is written to `DIR/cluster.json` (pids, ports, homes), so `status` and
 `down` work from any shell; `down` kills the sandboxes, stops every process, removes the
@@ -25,8 +26,9 @@ import boto3
 import httpx
 
 from ..config import Config, load_config
-from ..net.netns import list_namespaces, remove_host_forwarding
+from ..net.netns import list_namespaces
 from ..storage.blockd import BlockdClient
+from .network import ClusterNetwork
 from .postgres import LocalPostgres, free_port
 
 STATE_FILE = "cluster.json"
@@ -49,21 +51,25 @@ class Member:
     pid: int
     port: int
     log: str
+    # Where it listens: a node on its own namespace's address, the rest on the host.
+    address: str = "127.0.0.1"
     home: str = ""
-    # Network name prefix and subnet of a node (its host chains go with it).
+    # A node's index on the cluster's bridge, and its sandboxes' name prefix and subnet.
+    index: int = 0
     prefix: str = ""
     subnet: str = ""
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
 
 @dataclass
 class ClusterState:
     api_key: str
-    state_url: str
-    s3_endpoint: str
+    network: ClusterNetwork
+    state_url: str = ""
+    s3_endpoint: str = ""
     members: list[Member] = field(default_factory=list)
 
     @property
@@ -116,7 +122,8 @@ class LocalCluster:
         except FileNotFoundError:
             return None
         members = [Member(**m) for m in doc.pop("members")]
-        return ClusterState(members=members, **doc)
+        network = ClusterNetwork(**doc.pop("network"))
+        return ClusterState(members=members, network=network, **doc)
 
     def _save(self, state: ClusterState) -> None:
         partial = self._state_file.with_suffix(".tmp")
@@ -136,17 +143,20 @@ class LocalCluster:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "logs").mkdir(exist_ok=True)
         state = ClusterState(
-            api_key="e2b_" + secrets.token_hex(20),
-            state_url=LocalPostgres(self.directory / "postgres").start(),
-            s3_endpoint="",
+            api_key="e2b_" + secrets.token_hex(20), network=ClusterNetwork.choose()
         )
+        self._save(state)
         try:
-            self._start_s3(state)
+            pg_port, s3_port = free_port(), free_port()
+            state.network.create(open_ports=(pg_port, s3_port))
+            postgres = LocalPostgres(self.directory / "postgres")
+            state.state_url = postgres.start(pg_port, host=state.network.gateway)
+            self._start_s3(state, s3_port)
             taken: set[str] = set()
             for index in range(1, nodes + 1):
                 subnet = _free_subnet(taken)
                 taken.add(subnet)
-                self._start_node(state, f"node-{index}", subnet)
+                self._start_node(state, index, subnet)
             self._start_control(state, port or free_port())
             self._wait_ready(state, nodes, timeout)
         except BaseException:
@@ -168,12 +178,13 @@ class LocalCluster:
             )
         return proc.pid, str(log)
 
-    def _start_s3(self, state: ClusterState) -> None:
+    def _start_s3(self, state: ClusterState, port: int) -> None:
         if not Path(_MOTO).exists():
             raise ClusterError("moto_server not found: pip install 'moto[server]'")
-        port = free_port()
-        pid, log = self._spawn("s3", [_MOTO, "-H", "127.0.0.1", "-p", str(port)], dict(os.environ))
-        member = Member("s3", "s3", pid, port, log)
+        address = state.network.gateway
+        argv = [_MOTO, "-H", address, "-p", str(port)]
+        pid, log = self._spawn("s3", argv, dict(os.environ))
+        member = Member("s3", "s3", pid, port, log, address)
         state.members.append(member)
         state.s3_endpoint = member.url
         self._save(state)
@@ -211,22 +222,32 @@ class LocalCluster:
             **self.env,
         }
 
-    def _start_node(self, state: ClusterState, name: str, subnet: str) -> None:
-        port = free_port()
+    def _start_node(self, state: ClusterState, index: int, subnet: str) -> None:
+        """A node server inside its own network namespace (only that: it shares the
+        host's mounts, so its block daemon's files and sandbox namespaces are seen by a
+        restarted node and by `down`)."""
+        name, port = f"node-{index}", free_port()
         home = self.directory / "nodes" / name
         home.mkdir(parents=True, exist_ok=True)
-        prefix = "c" + secrets.token_hex(2) + name.rsplit("-", 1)[1]
+        prefix = "c" + secrets.token_hex(2) + str(index)
+        member = Member(
+            name, "node", 0, port, "", home=str(home), index=index, prefix=prefix, subnet=subnet
+        )
+        state.members.append(member)
+        self._save(state)
+        member.address = state.network.add_node(index)
         env = {
             **self._common_env(state, port),
             "AENV_HOME": str(home),
             "AENV_SERVER_ROLE": "node",
             "AENV_SERVER_NODE_NAME": name,
-            "AENV_SERVER_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+            "AENV_SERVER_HOST": member.address,
+            "AENV_SERVER_ADVERTISE_URL": member.url,
             "AENV_NET_NAME_PREFIX": prefix,
             "AENV_NET_HOST_SUBNET": subnet,
         }
-        pid, log = self._spawn(name, [_AENV, "server"], env)
-        state.members.append(Member(name, "node", pid, port, log, str(home), prefix, subnet))
+        netns = f"--net=/run/netns/{state.network.netns(index)}"
+        member.pid, member.log = self._spawn(name, ["nsenter", netns, "--", _AENV, "server"], env)
         self._save(state)
 
     def _start_control(self, state: ClusterState, port: int) -> None:
@@ -238,7 +259,7 @@ class LocalCluster:
             "AENV_SERVER_ROLE": "control",
         }
         pid, log = self._spawn("control", [_AENV, "server"], env)
-        state.members.append(Member("control", "control", pid, port, log, str(home)))
+        state.members.append(Member("control", "control", pid, port, log, home=str(home)))
         self._save(state)
 
     def _wait_ready(self, state: ClusterState, nodes: int, timeout: float) -> None:
@@ -296,7 +317,10 @@ class LocalCluster:
                 _stop(member.pid)
                 if member.role == "node":
                     self._clean_node(member)
+                    state.network.remove_node(member.index)
         LocalPostgres(self.directory / "postgres").stop()
+        if state is not None:
+            state.network.destroy()
 
     def _kill_sandboxes(self, state: ClusterState) -> None:
         headers = {"X-API-Key": state.api_key}
@@ -319,7 +343,6 @@ class LocalCluster:
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
         env = {"AENV_HOME": member.home, "AENV_NET_NAME_PREFIX": member.prefix}
         BlockdClient(load_config(env=env)).stop()
-        remove_host_forwarding(member.subnet, member.prefix)
 
 
 def _vmms_under(home: str) -> list[int]:

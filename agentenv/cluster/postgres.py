@@ -55,11 +55,10 @@ class LocalPostgres:
     def _port_file(self) -> Path:
         return self.directory / "port"
 
-    @property
-    def url(self) -> str:
+    def url(self, host: str = "127.0.0.1") -> str:
         password = self._password_file.read_text().strip()
         port = int(self._port_file.read_text())
-        return f"postgresql://{USER}:{password}@127.0.0.1:{port}/{DATABASE}"
+        return f"postgresql://{USER}:{password}@{host}:{port}/{DATABASE}"
 
     def _run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         if os.geteuid() == 0:
@@ -88,15 +87,17 @@ class LocalPostgres:
         self.data.mkdir(mode=0o700, exist_ok=True)
         os.chown(self.data, account.pw_uid, account.pw_gid)
 
-    def start(self, port: int | None = None, timeout: float = 60) -> str:
-        """Start the server (initialized on first use); its URL."""
+    def start(self, port: int | None = None, timeout: float = 60, host: str = "127.0.0.1") -> str:
+        """Start the server (initialized on first use), listening on loopback and `host`;
+        its URL at `host`. Clients on `host`'s subnet may log in with the password."""
         self._prepare()
         if not (self.data / "PG_VERSION").exists():
             self._initdb()
         if port is None:
             port = int(self._port_file.read_text()) if self._port_file.exists() else free_port()
         self._port_file.write_text(str(port))
-        options = f"-c listen_addresses=127.0.0.1 -p {port} -k {self.data}"
+        addresses = ",".join(dict.fromkeys(["127.0.0.1", host]))
+        options = f"-c listen_addresses={addresses} -p {port} -k {self.data}"
         log = self.directory / "postgres.log"
         log.touch()
         if os.geteuid() == 0:
@@ -107,7 +108,7 @@ class LocalPostgres:
         if started.returncode != 0:
             raise PostgresError(f"pg_ctl start failed: {started.stderr.strip()}")
         self._wait(port, timeout)
-        return self.url
+        return self.url(host)
 
     def _initdb(self) -> None:
         password = secrets.token_hex(16)
@@ -130,6 +131,10 @@ class LocalPostgres:
             secret.unlink(missing_ok=True)
         if done.returncode != 0:
             raise PostgresError(f"initdb failed: {done.stderr.strip()}")
+        with open(self.data / "pg_hba.conf", "a") as hba:
+            # Beyond loopback: the subnets the server's own addresses are on (a cluster's
+            # bridge), with the password.
+            hba.write("host all all samenet scram-sha-256\n")
         self._password_file.write_text(password)
         self._password_file.chmod(0o600)
 

@@ -9,11 +9,13 @@ may reach is decided in `policy`.
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from .plan import GATEWAY_MAC, TAP_NAME, NetworkError, NetworkPlan, plan_network
-from .policy import EgressPolicy, host_chains, namespace_rules
+from .policy import EgressPolicy, HostChain, host_chains, namespace_rules
 
 # The runtime and tools import these from here.
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "create_network",
     "destroy_network",
     "ensure_host_forwarding",
+    "link_exists",
     "list_namespaces",
     "plan_network",
 ]
@@ -45,35 +48,60 @@ async def _run(*args: str, stdin: bytes | None = None) -> str:
     return out.decode()
 
 
-async def ensure_host_forwarding(host_subnet: str, name_prefix: str) -> None:
-    """Install this server's host chains (forwarding, masquerading, isolation); idempotent."""
+def enable_forwarding() -> None:
+    """Let this network namespace route between its interfaces."""
     forwarding = Path("/proc/sys/net/ipv4/ip_forward")
     # Set only when off: in a container /proc/sys may be read-only, and set already.
     if forwarding.read_text().strip() != "1":
         forwarding.write_text("1\n")
-    for chain in host_chains(name_prefix, host_subnet):
-        try:
-            await _run("iptables", "-t", chain.table, "-N", chain.name)
-        except NetworkError:
-            await _run("iptables", "-t", chain.table, "-F", chain.name)
+
+
+def _iptables(table: str, *args: str) -> bool:
+    done = subprocess.run(["iptables", "-t", table, *args], capture_output=True, text=True)
+    return done.returncode == 0
+
+
+def install_chains(chains: Iterable[HostChain]) -> None:
+    """Blocking: create or refill each chain and jump to it first from its parent;
+    idempotent."""
+    for chain in chains:
+        if not _iptables(chain.table, "-N", chain.name):
+            _iptables(chain.table, "-F", chain.name)
         for rule in chain.rules:
-            await _run("iptables", "-t", chain.table, "-A", chain.name, *rule)
-        try:
-            await _run("iptables", "-t", chain.table, "-C", chain.parent, "-j", chain.name)
-        except NetworkError:
-            await _run("iptables", "-t", chain.table, "-I", chain.parent, "-j", chain.name)
+            if not _iptables(chain.table, "-A", chain.name, *rule):
+                raise NetworkError(f"iptables: cannot add {' '.join(rule)} to {chain.name}")
+        if not _iptables(chain.table, "-C", chain.parent, "-j", chain.name):
+            if not _iptables(chain.table, "-I", chain.parent, "-j", chain.name):
+                raise NetworkError(f"iptables: cannot jump from {chain.parent} to {chain.name}")
+
+
+def remove_chains(chains: Iterable[HostChain]) -> None:
+    """Blocking: undo `install_chains` (jumps, rules, chains); what is gone is skipped."""
+    for chain in chains:
+        _iptables(chain.table, "-D", chain.parent, "-j", chain.name)
+        _iptables(chain.table, "-F", chain.name)
+        _iptables(chain.table, "-X", chain.name)
+
+
+async def ensure_host_forwarding(host_subnet: str, name_prefix: str) -> None:
+    """Install this server's host chains (forwarding, masquerading, isolation); idempotent."""
+    enable_forwarding()
+    await asyncio.to_thread(install_chains, host_chains(name_prefix, host_subnet))
 
 
 def remove_host_forwarding(host_subnet: str, name_prefix: str) -> None:
-    """Blocking: undo `ensure_host_forwarding` for one server (jumps, rules, chains), for
-    a server that is gone for good; what is already gone is skipped."""
-    for chain in host_chains(name_prefix, host_subnet):
-        for args in (
-            ["-D", chain.parent, "-j", chain.name],
-            ["-F", chain.name],
-            ["-X", chain.name],
-        ):
-            subprocess.run(["iptables", "-t", chain.table, *args], capture_output=True, check=False)
+    """Blocking: undo `ensure_host_forwarding` for a server that is gone for good."""
+    remove_chains(host_chains(name_prefix, host_subnet))
+
+
+def link_exists(name: str) -> bool:
+    """Whether this process's network namespace has an interface `name` (unlike
+    /sys/class/net, right in a namespace entered without remounting /sys)."""
+    try:
+        socket.if_nametoindex(name)
+    except OSError:
+        return False
+    return True
 
 
 def _namespace_sysctls() -> list[str]:
@@ -147,12 +175,12 @@ async def destroy_network(netns: str, host_veth: str | None = None) -> None:
     """Delete the namespace (and with it the tap, the veth pair and its rules); idempotent."""
     if (_NETNS_DIR / netns).exists():
         await _run("ip", "netns", "del", netns)
-    if host_veth and Path(f"/sys/class/net/{host_veth}").exists():
+    if host_veth and link_exists(host_veth):
         try:
             await _run("ip", "link", "del", host_veth)
         except NetworkError:
             # Deleting the namespace removes the pair asynchronously; gone is what we want.
-            if Path(f"/sys/class/net/{host_veth}").exists():
+            if link_exists(host_veth):
                 raise
 
 

@@ -36,6 +36,7 @@ from ..net.netns import (
     apply_policy,
     create_network,
     destroy_network,
+    link_exists,
     namespace_exists,
     plan_network,
 )
@@ -364,7 +365,7 @@ class SandboxManager:
             slot, "-", name_prefix=net.name_prefix, host_subnet=net.host_subnet,
             guest_ip=net.guest_ip, guest_gateway=net.guest_gateway, guest_prefix=net.guest_prefix,
         )  # fmt: skip
-        return Path(f"/sys/class/net/{plan.host_veth}").exists()
+        return link_exists(plan.host_veth)
 
     async def hold_slot(self) -> int:
         """Hold a network slot for a VM that is no sandbox yet."""

@@ -5,14 +5,18 @@ unmodified E2B SDK; placement, a second control replica, node loss, and `down`."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -20,8 +24,10 @@ from e2b import Sandbox
 
 from agentenv.cluster.local import ClusterState, LocalCluster
 from agentenv.cluster.postgres import free_port
+from agentenv.net.netns import link_exists
 
 from ..live import AENV, wait_for
+from ..netlab import lab, probe_command, reached
 from .test_proxy import GUEST_DIR, echo_twice
 from .test_snapshots import TICKER, ticks
 
@@ -193,6 +199,36 @@ def test_two_control_replicas_at_once(cluster: Cluster) -> None:
         second.wait(30)
 
 
+def test_nodes_stand_apart_and_their_guests_reach_only_the_internet(cluster: Cluster) -> None:
+    """Each node is a namespace of its own with its own address, registered at it; a guest
+    reaches an internet host through two layers of rules but none of the cluster: not
+    PostgreSQL, S3, any node's API or the host's other services on the bridge."""
+    nodes = [m for m in cluster.state.members if m.role == "node"]
+    spaces = {os.stat(f"/proc/{m.pid}/ns/net").st_ino for m in nodes}
+    assert len(spaces) == len(nodes) and os.stat("/proc/self/ns/net").st_ino not in spaces
+    assert {n["name"]: n["url"] for n in cluster.nodes().values()} == {m.name: m.url for m in nodes}
+    assert len({m.address for m in nodes}) == len(nodes)
+    network = cluster.state.network
+    postgres, s3 = urlsplit(cluster.state.state_url), urlsplit(cluster.state.s3_endpoint)
+    with lab(network.subnet) as around:
+        closed = [
+            f"tcp://{postgres.hostname}:{postgres.port}",
+            f"tcp://{s3.hostname}:{s3.port}",
+            *(f"tcp://{m.address}:{m.port}" for m in nodes),
+            f"tcp://{network.gateway}:{around.ports['host']}",
+        ]
+        for target in closed:  # all open to the host: the probe could find them
+            host, port = target[6:].split(":")
+            socket.create_connection((host, int(port)), timeout=3).close()
+        internet = around.url("internet")
+        sandbox = Sandbox.create()
+        try:
+            found = sandbox.commands.run(shlex.join(probe_command("python3", [internet, *closed])))
+            assert reached(json.loads(found.stdout)) == {internet: "internet"}
+        finally:
+            sandbox.kill()
+
+
 def test_a_drained_nodes_paused_sandbox_moves_on_resume(cluster: Cluster) -> None:
     sandbox = Sandbox.create()
     try:
@@ -257,6 +293,13 @@ def test_down_leaves_nothing_behind(cluster: Cluster) -> None:
     netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
     prefixes = [m.prefix for m in cluster.state.members if m.role == "node"]
     assert not any(line.startswith(f"{p}-") for p in prefixes for line in netns.splitlines())
+    network = cluster.state.network
+    nodes = [m for m in cluster.state.members if m.role == "node"]
+    assert not any(network.netns(m.index) in netns for m in nodes), netns
+    assert not link_exists(network.bridge)
+    for table in ("filter", "nat"):
+        rules = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True)
+        assert f"AC{network.tag.upper()}-" not in rules.stdout
     mounts = Path("/proc/mounts").read_text()
     assert str(cluster.local.directory) not in mounts
     assert all(row["state"] == "down" for row in cluster.local.status())
