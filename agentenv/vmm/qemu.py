@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from ..crashpoints import crash_point
-from . import guestram, migstream
+from . import guestram, migstream, privram
 from .driver import Launched, PreparedVm, VmHandle, VmmError, VmSpec
 from .qmp import QmpClient
 
@@ -112,21 +112,27 @@ def build_command(
     *,
     incoming: bool = False,
     ram_base: Path | None = None,
+    base_discards: bool = False,
 ) -> list[str]:
     """The full QEMU command line for `spec` (pure, so it is unit-tested).
 
     `incoming`: wait for a saved state instead of booting (the command line must describe
     the same devices as the VM that was saved), and stay stopped once it is loaded.
     `ram_base`: map this snapshot RAM file privately instead of the VM's own RAM file.
+    `base_discards`: QEMU runs with `privram` preloaded, which keeps that file read-only.
     """
     workdir = spec.workdir
     if ram_base is None:
         # Guest RAM lives in a file so that pause/snapshot never copies it.
         ram = f"mem-path={workdir / guestram.OWN},share=on"
+    elif base_discards:
+        # Copy-on-write: the pages no guest wrote stay shared with every other mapper, and
+        # the pages it gives back are dropped from its private copy (`privram.c`).
+        ram = f"mem-path={ram_base},share=off"
     else:
-        # Copy-on-write: the pages no guest wrote stay shared with every other mapper. The
-        # file is opened read-only: a balloon discard (which QEMU does by punching holes,
-        # even in a private mapping) fails instead of zeroing pages under every clone.
+        # Without `privram`, QEMU opens the file read-only itself: a balloon discard (which
+        # QEMU does by punching holes, even in a private mapping) fails instead of zeroing
+        # pages under every clone.
         ram = f"mem-path={ram_base},share=off,readonly=on,rom=off"
     args = [
         qemu,
@@ -230,6 +236,7 @@ class QemuDriver:
         numbers = qemu_version(qemu_binary)
         self.version = _version_name(numbers)
         self.shares_snapshot_ram = numbers >= _PRIVATE_RAM_SINCE
+        self._privram = privram.build(run_dir) if self.shares_snapshot_ram else None
 
     async def boot(self, spec: VmSpec) -> VmHandle:
         return await self._launch(spec, incoming=False)
@@ -346,12 +353,17 @@ class QemuDriver:
             self.run_dir,
             incoming=incoming,
             ram_base=ram_base,
+            base_discards=ram_base is not None and self._privram is not None,
         )
+        env = None
+        if ram_base is not None and self._privram is not None:
+            env = privram.environment(self._privram, ram_base)
         if spec.netns:
             command = ["nsenter", f"--net=/run/netns/{spec.netns}", "--", *command]
         with open(spec.workdir / "vmm.log", "ab") as log:
             proc = await asyncio.create_subprocess_exec(
                 *command,
+                env=env,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -374,6 +386,12 @@ class QemuDriver:
         except VmmError as exc:
             await self.stop(handle)
             raise VmmError(f"QEMU did not start: {exc}; log: {_log_tail(spec.workdir)}") from exc
+        if env is not None and ram_base is not None:
+            # Its RAM is mapped by now: a QEMU that holds the file writable (the library
+            # did not load) would punch holes into it under every clone. Never let it run.
+            if not await asyncio.to_thread(privram.held_read_only, proc.pid, ram_base):
+                await self.stop(handle)
+                raise VmmError(f"QEMU holds {ram_base} writable: {privram.SOURCE.name} not loaded")
         return handle
 
     def is_alive(self, handle: VmHandle) -> bool:
