@@ -24,11 +24,14 @@ class AgentClient:
         timeout: float = 5.0,
         *,
         init_secret: str | None = None,
+        reclaim_after_idle: float | None = None,
     ) -> None:
         self._base_url = base_url
         self._headers = {"X-Access-Token": access_token} if access_token else {}
         self._timeout = timeout
         self._init_secret = init_secret
+        # Handed over with every /init: seconds of idle before the guest gives memory back.
+        self._reclaim_after_idle = reclaim_after_idle
 
     async def healthy(self) -> bool:
         """One `GET /health` over a bare connection (polled during boot: a refused or reset
@@ -67,18 +70,25 @@ class AgentClient:
             body["defaultUser"] = user
         if workdir:
             body["defaultWorkdir"] = workdir
+        if self._reclaim_after_idle is not None:
+            body["reclaimAfterIdle"] = self._reclaim_after_idle
         await self._host_call("/init", body)
+
+    async def reclaim(self) -> int:
+        """The guest drops clean caches and compacts free memory now; bytes it freed."""
+        return int((await self._host_call("/reclaim", None)).json()["freed"])
 
     async def sync(self) -> None:
         """The guest flushes its file systems to disk (before a filesystem-only snapshot)."""
         await self._host_call("/sync", None)
 
-    async def _host_call(self, path: str, body: dict[str, object] | None) -> None:
+    async def _host_call(self, path: str, body: dict[str, object] | None) -> httpx.Response:
         """POST to a route that is the host's alone: it carries the init secret."""
         headers = {init_secret.HEADER: self._init_secret or ""}
         async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
             response = await client.post(path, json=body, headers=headers)
             response.raise_for_status()
+            return response
 
     async def metrics(self) -> dict[str, Any]:
         """The agent's current CPU, memory and disk figures."""

@@ -178,6 +178,7 @@ class SandboxManager:
             f"http://{self.network_plan(record).ns_ip}:{AGENT_PORT}",
             record.access_token,
             init_secret=read_init_secret(self.workdir(record.sandbox_id)),
+            reclaim_after_idle=self.cfg.sandbox.reclaim_after_idle,
         )
 
     async def _transition(self, record: SandboxRecord, event: Event) -> None:

@@ -71,6 +71,18 @@ class PreparedVm:
     pages: Path | None = None
 
 
+@dataclass(frozen=True)
+class BalloonStats:
+    """A VM's balloon: the memory it leaves the guest, and what the guest reports (None
+    until its driver has reported once). Sizes in MiB."""
+
+    actual_mb: int
+    total_mb: int | None = None
+    free_mb: int | None = None
+    available_mb: int | None = None
+    disk_caches_mb: int | None = None
+
+
 # Told of a restoring VM's handle before its guest can run, so a crash never leaves a
 # running guest that nobody recorded.
 Launched = Callable[[VmHandle], Awaitable[None]]
@@ -152,6 +164,14 @@ class VmmDriver(Protocol):
         log errors as fast as it likes)."""
         ...
 
+    # Free memory the guest reports (free page reporting) goes back to the host.
+    returns_free_pages: bool
+
     async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:
-        """Ask the guest to shrink (or grow back) to `target_mb` of RAM."""
+        """Ask the guest to shrink (or grow back) to `target_mb` of RAM; the pages it
+        gives up go back to the host."""
+        ...
+
+    async def balloon(self, handle: VmHandle) -> BalloonStats:
+        """The balloon's size and the guest's memory statistics."""
         ...

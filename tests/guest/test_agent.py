@@ -196,8 +196,12 @@ async def test_health_envs_metrics(client: httpx.AsyncClient) -> None:
     assert set(m) == {"ts", "cpu_count", "cpu_used_pct", "mem_total", "mem_used", "mem_cache"} | {
         "disk_used",
         "disk_total",
+        "idle_seconds",
+        "reclaims",
     }
     assert m["mem_total"] > m["mem_used"] > 0 and m["disk_total"] > 0
+    # /init was use, /metrics is not.
+    assert m["idle_seconds"] < 5 and m["reclaims"] == 0
 
 
 # -- process -----------------------------------------------------------------------------------
@@ -546,6 +550,9 @@ async def test_init_is_the_hosts_alone() -> None:
             # Later calls need the secret too, and work with it.
             r = await c.post("/init", json={"envVars": {"A": "1"}}, headers={**INIT, **owner})
             assert r.status_code == 204
+            # Reclaim is the host's too (and this agent serves a directory, not a guest).
+            assert (await c.post("/reclaim", headers=owner)).status_code == 401
+            assert (await c.post("/reclaim", headers=INIT)).status_code == 409
     finally:
         _stop(a)
 

@@ -23,7 +23,7 @@ from agentenv.runtime.pause import SandboxPauses
 from agentenv.storage.filelayer import load_chain, materialize
 from agentenv.storage.objectstore import ObjectStore
 from agentenv.storage.posix import PosixObjectStore
-from agentenv.vmm.driver import Launched, PreparedVm, VmHandle, VmSpec
+from agentenv.vmm.driver import BalloonStats, Launched, PreparedVm, VmHandle, VmSpec
 
 VMSTATE, CONSUMED = "vmstate", "vmstate.consumed"
 
@@ -33,9 +33,12 @@ class FakeDriver:
 
     name = "fake"
     version = "fake 1"
+    returns_free_pages = True
 
     def __init__(self) -> None:
         self.alive: dict[int, Path] = {}
+        # Balloon targets by pid, as set.
+        self.balloons: dict[int, int] = {}
         self.frozen: set[int] = set()
         self.fail: dict[str, Exception] = {}
         self.gate: dict[str, asyncio.Event] = {}
@@ -117,7 +120,10 @@ class FakeDriver:
         return None
 
     async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:
-        return None
+        self.balloons[handle.pid] = target_mb
+
+    async def balloon(self, handle: VmHandle) -> BalloonStats:
+        return BalloonStats(actual_mb=self.balloons.get(handle.pid, 0))
 
 
 @dataclass

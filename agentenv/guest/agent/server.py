@@ -1,5 +1,5 @@
 """The agent's aiohttp application: auth middleware, ``/health``, ``/init``, ``/envs``,
-``/metrics``, and the routes of the Connect services and ``/files``.
+``/metrics``, ``/reclaim``, and the routes of the Connect services and ``/files``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
 from . import files, filesystem, init_secret, machine, process
 from .connect import ConnectError, error_response, json_response, log_error
+from .reclaim import PROBES, IdleReclaimer
 from .state import STATE_KEY, AgentState, app_key, get_state
 
 log = logging.getLogger("aenv_agent")
@@ -23,7 +24,7 @@ log = logging.getLogger("aenv_agent")
 # Reachable without X-Access-Token: /files checks the token or a signature itself.
 OPEN_ROUTES = {("GET", "/health"), ("GET", "/files"), ("POST", "/files")}
 # The host's alone: they carry the init secret instead of the sandbox's token.
-HOST_ROUTES = {("POST", "/init"), ("POST", "/sync")}
+HOST_ROUTES = {("POST", "/init"), ("POST", "/sync"), ("POST", "/reclaim")}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -34,6 +35,8 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     Connect routes get a Connect error."""
     state = get_state(request)
     route = (request.method, request.path)
+    if request.path not in PROBES:
+        request.app[RECLAIMER_KEY].touch()
     if route in HOST_ROUTES:
         given = request.headers.get(init_secret.HEADER, "")
         if init_secret.secret_ok(state.init_secret, given):
@@ -82,7 +85,18 @@ async def init(request: web.Request) -> web.Response:
         state.default_user = str(body["defaultUser"])
     if body.get("defaultWorkdir"):
         state.default_workdir = str(body["defaultWorkdir"])
+    if isinstance(body.get("reclaimAfterIdle"), int | float):
+        request.app[RECLAIMER_KEY].idle_after = float(body["reclaimAfterIdle"])
     return web.Response(status=204)
+
+
+async def reclaim(request: web.Request) -> web.Response:
+    """The host is short of memory: give back what an idle guest would, now."""
+    if not get_state(request).guest:
+        body = {"code": 409, "message": "not a guest: nothing to reclaim"}
+        return json_response(body, status=409)
+    freed = await request.app[RECLAIMER_KEY].reclaim()
+    return json_response({"freed": freed})
 
 
 async def sync(_request: web.Request) -> web.Response:
@@ -137,11 +151,13 @@ def _meminfo() -> tuple[int, int, int]:
 
 
 CPU_KEY = app_key("aenv_cpu", CpuSampler)
+RECLAIMER_KEY = app_key("aenv_reclaimer", IdleReclaimer)
 
 
 async def metrics(request: web.Request) -> web.Response:
     state = get_state(request)
     sampler: CpuSampler = request.app[CPU_KEY]
+    reclaimer = request.app[RECLAIMER_KEY]
     mem_total, mem_used, mem_cache = _meminfo()
     vfs = os.statvfs(state.rootfs.root)
     return json_response(
@@ -154,6 +170,8 @@ async def metrics(request: web.Request) -> web.Response:
             "mem_cache": mem_cache,
             "disk_used": (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize,
             "disk_total": vfs.f_blocks * vfs.f_frsize,
+            "idle_seconds": round(reclaimer.idle_seconds(), 1),
+            "reclaims": reclaimer.reclaims,
         }
     )
 
@@ -173,15 +191,25 @@ def create_app(
     app = web.Application(middlewares=[auth_middleware], client_max_size=64 * 1024 * 1024)
     app[STATE_KEY] = AgentState.create(rootfs, secret, guest)
     app[CPU_KEY] = CpuSampler()
+    app[RECLAIMER_KEY] = IdleReclaimer()
+    if guest:
+        app.cleanup_ctx.append(_reclaim_when_idle)
     app.router.add_get("/health", health)
     app.router.add_post("/init", init)
     app.router.add_post("/sync", sync)
     app.router.add_get("/envs", envs)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/reclaim", reclaim)
     files.setup(app)
     process.setup(app)
     filesystem.setup(app)
     return app
+
+
+async def _reclaim_when_idle(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.create_task(app[RECLAIMER_KEY].run())
+    yield
+    task.cancel()
 
 
 async def serve(
