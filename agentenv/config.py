@@ -66,6 +66,12 @@ class SandboxConfig:
     # Seconds without use and with idle CPUs after which a guest drops its clean caches,
     # so the memory returns to the host (docs/density.md); 0 turns it off.
     reclaim_after_idle: float = 30.0
+    # Seconds between samples of running sandboxes' memory (host and guest).
+    memory_sample_interval: float = 15.0
+    # Host memory pressure: below min_free_memory_mb plus this, idle guests are asked to
+    # give memory back; still below min_free_memory_mb, the longest-idle sandboxes pause.
+    pressure_margin_mb: int = 1024
+    pause_under_pressure: bool = True
     disk_overcommit: float = 1.0
     # vCPUs one sandbox may have; 0 means the host's CPU count.
     max_vcpus: int = 0

@@ -38,6 +38,20 @@ class TimeoutBody(_Request):
     timeout: int = Field(ge=0, le=10_000_000)
 
 
+class BalloonBody(_Request):
+    targetMB: int = Field(ge=0, le=1_048_576)
+
+
+class Balloon(BaseModel):
+    """A running sandbox's balloon: what it leaves the guest, and what the guest reports."""
+
+    actualMB: int
+    totalMB: int | None = None
+    freeMB: int | None = None
+    availableMB: int | None = None
+    diskCachesMB: int | None = None
+
+
 class RefreshBody(_Request):
     duration: int = Field(default=60, ge=0, le=3600)
 
@@ -116,6 +130,8 @@ class ListedSandbox(BaseModel):
     envdVersion: str
     # The node that runs it or holds its paused files (not in E2B's API).
     node: str | None = None
+    # Running, on the node that answers: what it holds in host memory (PSS, MiB).
+    hostMemoryMB: int | None = None
 
 
 class Lifecycle(BaseModel):
@@ -144,6 +160,8 @@ class SandboxMetric(BaseModel):
     memCache: int
     diskUsed: int
     diskTotal: int
+    # Not E2B's: what the sandbox's VMM holds in host memory (PSS, bytes).
+    hostMemUsed: int | None = None
 
 
 class ErrorBody(BaseModel):

@@ -23,6 +23,8 @@ from ..runtime.node import Node
 from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
 from .errors import ERROR_RESPONSES
 from .models import (
+    Balloon,
+    BalloonBody,
     ConnectBody,
     ForkBody,
     Lifecycle,
@@ -36,6 +38,8 @@ from .models import (
     TimeoutBody,
 )
 from .pagination import decode_cursor, encode_cursor
+
+MIB = 1024 * 1024
 
 CLIENT_ID = "aenv"
 
@@ -193,7 +197,7 @@ def sandbox_detail(record: SandboxRecord, domain: str | None) -> SandboxDetail:
 
 @router.get("/v2/sandboxes")
 async def list_sandboxes_v2(
-    manager: ManagerDep,
+    node: NodeDep,
     response: Response,
     metadata: str | None = None,
     state: Annotated[list[str] | None, Query()] = None,
@@ -201,15 +205,25 @@ async def list_sandboxes_v2(
     nextToken: str | None = None,
     order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
 ) -> list[ListedSandbox]:
-    return listed_page(await manager.list(), response, metadata, state, limit, nextToken, order)
+    records = await node.manager.list()
+    page = listed_page(records, response, metadata, state, limit, nextToken, order)
+    return _with_host_memory(node, page)
 
 
 @router.get("/sandboxes")
-async def list_sandboxes_v1(
-    manager: ManagerDep, metadata: str | None = None
-) -> list[ListedSandbox]:
+async def list_sandboxes_v1(node: NodeDep, metadata: str | None = None) -> list[ListedSandbox]:
     """SDK 1.x: running sandboxes only, unpaginated."""
-    return running_listed(await manager.list(), metadata)
+    return _with_host_memory(node, running_listed(await node.manager.list(), metadata))
+
+
+def _with_host_memory(node: Node, listed: list[ListedSandbox]) -> list[ListedSandbox]:
+    """Running sandboxes' host memory by the node's last sample (the control plane, which
+    lists from the state store, has none)."""
+    latest = node.memory.latest
+    for item in listed:
+        if item.sandboxID in latest:
+            item.hostMemoryMB = latest[item.sandboxID].host.pss_mb
+    return listed
 
 
 @router.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
@@ -317,12 +331,13 @@ async def fork_sandbox(
 
 @router.get("/sandboxes/{sandbox_id}/metrics")
 async def sandbox_metrics(
-    manager: ManagerDep, sandbox_id: str, start: int | None = None, end: int | None = None
+    node: NodeDep, sandbox_id: str, start: int | None = None, end: int | None = None
 ) -> list[SandboxMetric]:
     """The current sample (no history is kept yet), if it falls in [start, end]."""
-    sample = await manager.metrics(sandbox_id)
+    sample = await node.manager.metrics(sandbox_id)
     if sample is None:
         return []
+    host = await node.memory.host_footprint(sandbox_id)
     ts = int(sample["ts"])
     if (start is not None and ts < start) or (end is not None and ts > end):
         return []
@@ -337,5 +352,26 @@ async def sandbox_metrics(
             memCache=sample.get("mem_cache", 0),
             diskUsed=sample["disk_used"],
             diskTotal=sample["disk_total"],
+            hostMemUsed=host.pss_mb * MIB if host is not None else None,
         )
     ]
+
+
+@router.get("/sandboxes/{sandbox_id}/balloon")
+async def get_balloon(node: NodeDep, sandbox_id: str) -> Balloon:
+    """Not E2B's: a running sandbox's balloon and its guest's memory report."""
+    stats = await node.memory.balloon(sandbox_id)
+    return Balloon(
+        actualMB=stats.actual_mb,
+        totalMB=stats.total_mb,
+        freeMB=stats.free_mb,
+        availableMB=stats.available_mb,
+        diskCachesMB=stats.disk_caches_mb,
+    )
+
+
+@router.put("/sandboxes/{sandbox_id}/balloon", status_code=204)
+async def set_balloon(node: NodeDep, sandbox_id: str, body: BalloonBody) -> Response:
+    """Not E2B's: leave the guest `targetMB` of its memory; the rest returns to the host."""
+    await node.memory.set_balloon(sandbox_id, body.targetMB)
+    return Response(status_code=204)

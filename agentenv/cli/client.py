@@ -229,6 +229,13 @@ class ApiClient(_Base):
             "POST", "/gc", json=body, timeout=httpx.Timeout(900.0, connect=5.0)
         ).json()
 
+    def balloon(self, sandbox_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/sandboxes/{quote(sandbox_id, safe='')}/balloon").json()
+
+    def set_balloon(self, sandbox_id: str, target_mb: int) -> None:
+        path = f"/sandboxes/{quote(sandbox_id, safe='')}/balloon"
+        self._call("PUT", path, json={"targetMB": target_mb})
+
     def set_timeout(self, sandbox_id: str, seconds: int) -> None:
         self._call(
             "POST", f"/sandboxes/{quote(sandbox_id, safe='')}/timeout", json={"timeout": seconds}

@@ -244,6 +244,16 @@ def cmd_timeout(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_balloon(ctx: Context, args: argparse.Namespace) -> int:
+    """Leave a running sandbox's guest MB of its memory (the rest returns to the host);
+    without MB, print its balloon and the guest's memory report as JSON."""
+    with ctx.api() as api:
+        if args.mb is not None:
+            api.set_balloon(args.id, args.mb)
+        print_json(api.balloon(args.id), ctx.stdout)
+    return 0
+
+
 def cmd_info(ctx: Context, args: argparse.Namespace) -> int:
     """Print `GET /sandboxes/{id}` as JSON."""
     with ctx.api() as api:

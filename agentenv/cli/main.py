@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     p.add_argument("seconds", type=int, metavar="SECONDS")
 
+    p = _add(sub, "balloon", commands.cmd_balloon, "set or show a sandbox's memory balloon")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("mb", type=int, nargs="?", metavar="MB", help="memory to leave the guest")
+
     p = _add(sub, "info", commands.cmd_info, "show a sandbox as JSON")
     p.add_argument("id", metavar="ID")
 

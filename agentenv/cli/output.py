@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-SANDBOX_COLUMNS = ("SANDBOX ID", "TEMPLATE", "STATE", "NODE", "STARTED", "ENDS", "METADATA")
+SANDBOX_COLUMNS = (
+    "SANDBOX ID", "TEMPLATE", "STATE", "NODE", "MEMORY", "STARTED", "ENDS", "METADATA",
+)  # fmt: skip
 
 
 def print_json(data: Any, out: TextIO) -> None:
@@ -71,12 +73,21 @@ def sandbox_rows(items: Sequence[dict[str, Any]], now: datetime | None = None) -
                 str(sbx.get("alias") or sbx.get("templateID") or ""),
                 str(sbx.get("state", "")),
                 str(sbx.get("node") or ""),
+                _memory(sbx),
                 relative(sbx.get("startedAt"), now),
                 relative(sbx.get("endAt"), now),
                 ",".join(f"{k}={v}" for k, v in meta.items()) if isinstance(meta, dict) else "",
             ]
         )
     return rows
+
+
+def _memory(sbx: dict[str, Any]) -> str:
+    """Host memory held over the guest's memory, when the node reported it."""
+    held, size = sbx.get("hostMemoryMB"), sbx.get("memoryMB")
+    if not isinstance(held, int):
+        return ""
+    return f"{held}/{size}M" if isinstance(size, int) else f"{held}M"
 
 
 def print_sandboxes(

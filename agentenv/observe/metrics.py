@@ -32,6 +32,16 @@ DISK_MB = Gauge(
 CACHE = Gauge(
     "aenv_chunk_cache", "The node's chunk cache: hits, misses, bytes fetched and held", ["kind"]
 )
+SANDBOX_MEMORY = Gauge(
+    "aenv_sandbox_memory_bytes",
+    "Running sandboxes' memory: held on the host (PSS of the VMM) and used in the guest",
+    ["sandbox", "kind"],
+)
+MEMORY_RELIEF = Counter(
+    "aenv_memory_relief_total",
+    "What the node did under memory pressure: guests asked to reclaim, sandboxes paused",
+    ["action"],
+)
 NODES = Gauge("aenv_nodes", "Nodes of the cluster by state (control plane)", ["state"])
 RELAYED = Counter(
     "aenv_control_requests_total",

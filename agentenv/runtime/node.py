@@ -35,6 +35,7 @@ from .fork import SandboxForks
 from .heartbeat import NodePresence
 from .lifecycle import State
 from .manager import SandboxManager, committed_by, guest_kernel_args
+from .memory import MemoryKeeper
 from .pause import SandboxPauses
 from .persist import Uploads
 from .recovery import recover
@@ -79,6 +80,7 @@ class Node:
         self.catalog = catalog
         self.puller = puller
         self.builds = builds
+        self.memory = MemoryKeeper(manager, self.pauses.pause)
         self._stack = stack
 
     @classmethod
@@ -162,6 +164,7 @@ class Node:
             run_sweeper(node.pauses),
             collector.run_every(cfg.storage),
             served_ram.run_every(_RAM_SWEEP_INTERVAL),
+            node.memory.run_every(cfg.sandbox.memory_sample_interval),
         ]
         if cfg.server.role == "node":
             presence = NodePresence(nodes, manager, snapshots, blockd)
@@ -192,6 +195,7 @@ async def refresh_node_metrics(node: Node) -> None:
     committed = committed_by(records)
     CAPACITY_MB.labels("total").set(manager.capacity.memory_mb)
     CAPACITY_MB.labels("committed").set(sum(d.memory_mb for d in committed))
+    CAPACITY_MB.labels("held").set(node.memory.held_mb())
     DISK_MB.labels("total").set(manager.capacity.disk_mb)
     DISK_MB.labels("committed").set(sum(d.disk_mb for d in committed))
     stats = await asyncio.to_thread(node.blockd.try_stats)

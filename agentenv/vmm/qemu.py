@@ -52,8 +52,6 @@ _DEVICE_STATE = "devices.partial"
 _PRIVATE_RAM_SINCE = (8, 2)
 
 
-
-
 def qemu_version_name(binary: str) -> str:
     """What a driver for `binary` calls its version, e.g. "qemu 10.0.2"."""
     return _version_name(qemu_version(binary))

@@ -58,14 +58,15 @@ def test_ls_json_when_piped_follows_pagination(cli: Any) -> None:
 
 
 def test_ls_table_on_tty(cli: Any) -> None:
-    first = {**listed("sbx1", metadata={"team": "ml"}), "node": "n1"}
+    first = {**listed("sbx1", metadata={"team": "ml"}), "node": "n1", "hostMemoryMB": 41}
     pages = [[first, listed("sbx2", alias="py", state="paused")]]
     run = cli(["ls"], paged_handler(pages), tty=True)
     assert run.code == 0, run.stderr
     lines = run.stdout.splitlines()
-    header = ["SANDBOX", "ID", "TEMPLATE", "STATE", "NODE", "STARTED", "ENDS", "METADATA"]
-    assert lines[0].split() == header
-    assert lines[1].split() == ["sbx1", "base", "running", "n1", "5m", "ago", "in", "3m", "team=ml"]
+    header = ["SANDBOX", "ID", "TEMPLATE", "STATE", "NODE", "MEMORY", "STARTED", "ENDS"]
+    assert lines[0].split() == [*header, "METADATA"]
+    row = ["sbx1", "base", "running", "n1", "41/512M", "5m", "ago", "in", "3m", "team=ml"]
+    assert lines[1].split() == row
     assert lines[2].split()[:3] == ["sbx2", "py", "paused"]
     # Columns line up under their headers.
     assert lines[1].index("running") == lines[0].index("STATE")
@@ -81,6 +82,7 @@ def test_ls_output_flag_overrides_tty(cli: Any) -> None:
         "TEMPLATE",
         "STATE",
         "NODE",
+        "MEMORY",
         "STARTED",
         "ENDS",
         "METADATA",

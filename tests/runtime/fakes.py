@@ -131,6 +131,8 @@ class FakeAgent:
     healthy_answer: bool = True
     init_error: Exception | None = None
     inits: list[dict[str, Any]] = field(default_factory=list)
+    idle_seconds: float = 0.0
+    reclaims: int = 0
 
     async def healthy(self) -> bool:
         return self.healthy_answer
@@ -143,6 +145,13 @@ class FakeAgent:
     async def sync(self) -> None:
         if self.init_error is not None:
             raise self.init_error
+
+    async def metrics(self) -> dict[str, Any]:
+        return {"idle_seconds": self.idle_seconds}
+
+    async def reclaim(self) -> int:
+        self.reclaims += 1
+        return 0
 
 
 class FakeCatalog:
