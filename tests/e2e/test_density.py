@@ -1,0 +1,128 @@
+"""Memory density on real VMs: what a guest frees returns to the host, a balloon takes
+memory from a guest and gives it back, an idle guest drops its caches, and the node
+reports each sandbox's host memory (metrics, listings, Prometheus)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+import pytest
+
+from ..live import LiveServer, wait_for
+from .test_sandbox_lifecycle import create, kill, run
+
+pytestmark = pytest.mark.vm
+
+MIB = 1024 * 1024
+# Holds 120 MiB of fresh data until killed; /tmp/held says it has all of it.
+HOLD = (
+    "nohup python3 -c 'import os, time; b = os.urandom(120 << 20); "
+    'open("/tmp/held", "w").close(); time.sleep(3600)\' >/dev/null 2>&1 &'
+)
+
+
+def metrics(server: LiveServer, sandbox_id: str) -> dict[str, Any]:
+    with server.client() as api:
+        answer = api.get(f"/sandboxes/{sandbox_id}/metrics")
+    assert answer.status_code == 200, answer.text
+    return answer.json()[0]
+
+
+def host_mb(server: LiveServer, sandbox_id: str) -> int:
+    return metrics(server, sandbox_id)["hostMemUsed"] // MIB
+
+
+def guest_available_mb(server: LiveServer, sandbox: dict[str, Any]) -> int:
+    """What the guest's kernel could still hand out (with deflate-on-OOM the balloon's
+    pages stay in MemTotal, and leave MemAvailable)."""
+    return int(run(server, sandbox, "awk '/MemAvailable/ {print $2}' /proc/meminfo")[0]) // 1024
+
+
+def test_memory_a_guest_frees_returns_to_the_host(server: LiveServer) -> None:
+    sandbox = create(server)
+    sandbox_id = sandbox["sandboxID"]
+    try:
+        run(server, sandbox, HOLD)
+        assert wait_for(lambda: run(server, sandbox, "test -f /tmp/held")[2] == 0, 120)
+        holding = host_mb(server, sandbox_id)
+        assert holding > 150, holding
+        run(server, sandbox, "pkill -f os.urandom; true")
+        # Free page reporting hands the freed blocks back within seconds.
+        assert wait_for(lambda: host_mb(server, sandbox_id) < holding - 90, 30), (
+            holding,
+            host_mb(server, sandbox_id),
+        )
+        log = (server.home / "sandboxes" / sandbox_id / "vmm.log").read_text()
+        assert "Discarding RAM" not in log or "readonly files" not in log
+    finally:
+        kill(server, sandbox_id)
+
+
+def test_a_balloon_takes_memory_from_the_guest_and_gives_it_back(server: LiveServer) -> None:
+    sandbox = create(server)
+    sandbox_id = sandbox["sandboxID"]
+    try:
+        before = guest_available_mb(server, sandbox)
+        with server.client() as api:
+            assert (
+                api.put(f"/sandboxes/{sandbox_id}/balloon", json={"targetMB": 160}).status_code
+                == 204
+            )
+            assert wait_for(
+                lambda: api.get(f"/sandboxes/{sandbox_id}/balloon").json()["actualMB"] == 160, 30
+            )
+            assert wait_for(lambda: guest_available_mb(server, sandbox) <= before - 70, 30)
+            # The guest's report arrives with the device's next poll.
+            assert wait_for(
+                lambda: (
+                    api.get(f"/sandboxes/{sandbox_id}/balloon").json().get("totalMB") is not None
+                ),
+                30,
+            )
+            # Out of bounds: a clear 400, nothing changed.
+            refused = api.put(f"/sandboxes/{sandbox_id}/balloon", json={"targetMB": 100_000})
+            assert refused.status_code == 400 and "balloon target" in refused.json()["message"]
+            assert (
+                api.put(f"/sandboxes/{sandbox_id}/balloon", json={"targetMB": 256}).status_code
+                == 204
+            )
+            assert wait_for(lambda: guest_available_mb(server, sandbox) >= before - 20, 30)
+    finally:
+        kill(server, sandbox_id)
+
+
+def test_an_idle_guest_drops_its_caches_and_the_node_reports_memory(
+    fresh_server: LiveServer,
+) -> None:
+    fresh_server.extra_env["AENV_SANDBOX_RECLAIM_AFTER_IDLE"] = "4"
+    fresh_server.extra_env["AENV_SANDBOX_MEMORY_SAMPLE_INTERVAL"] = "1"
+    fresh_server.start()
+    sandbox = create(fresh_server)
+    sandbox_id = sandbox["sandboxID"]
+    try:
+        # 60 MiB of page cache: written, flushed, read back.
+        run(
+            fresh_server,
+            sandbox,
+            "head -c 60M /dev/urandom > ~/blob && sync && cat ~/blob > /dev/null",
+        )
+        cached = metrics(fresh_server, sandbox_id)["memCache"] // MIB
+        assert cached >= 60, cached
+        # Nobody calls it now (metrics are a probe): the guest drops what it cached.
+        assert wait_for(
+            lambda: metrics(fresh_server, sandbox_id)["memCache"] // MIB < cached - 40, 60
+        )
+        with fresh_server.client() as api:
+            listed = {s["sandboxID"]: s for s in api.get("/v2/sandboxes").json()}
+            assert wait_for(lambda: api.get("/v2/sandboxes").json()[0].get("hostMemoryMB"), 10)
+            listed = {s["sandboxID"]: s for s in api.get("/v2/sandboxes").json()}
+            assert 0 < listed[sandbox_id]["hostMemoryMB"] < 256 + 128
+        prometheus = httpx.get(fresh_server.url + "/metrics").text
+        pattern = rf'aenv_sandbox_memory_bytes{{kind="host_pss",sandbox="{sandbox_id}"}} (\S+)'
+        found = re.search(pattern, prometheus)
+        assert found is not None and float(found.group(1)) > 0, prometheus[-2000:]
+        assert 'aenv_node_memory_mb{kind="held"}' in prometheus
+    finally:
+        kill(fresh_server, sandbox_id)
