@@ -72,6 +72,10 @@ class SandboxConfig:
     # give memory back; still below min_free_memory_mb, the longest-idle sandboxes pause.
     pressure_margin_mb: int = 1024
     pause_under_pressure: bool = True
+    # Let the host kernel merge guest pages identical across sandboxes (KSM, when the host
+    # runs it): much denser, but one sandbox may then time another's writes to tell what
+    # it holds. For sandboxes of one owner only (docs/density.md).
+    merge_identical_pages: bool = False
     disk_overcommit: float = 1.0
     # vCPUs one sandbox may have; 0 means the host's CPU count.
     max_vcpus: int = 0

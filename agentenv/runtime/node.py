@@ -123,7 +123,12 @@ class Node:
         )
         store = await SqlSandboxStore.open(cfg.state_url, cfg.node_name)
         stack.push_async_callback(store.close)
-        driver = QemuDriver(cfg.vmm.qemu_binary, accel.name, run_dir_for(cfg.home))
+        driver = QemuDriver(
+            cfg.vmm.qemu_binary,
+            accel.name,
+            run_dir_for(cfg.home),
+            merge_pages=cfg.sandbox.merge_identical_pages,
+        )
         boot_snapshots = None
         if cfg.sandbox.boot_snapshots:
             boot_snapshots = BootSnapshots(

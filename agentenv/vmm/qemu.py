@@ -121,6 +121,7 @@ def build_command(
     incoming: bool = False,
     ram_base: Path | None = None,
     base_discards: bool = False,
+    merge_pages: bool = False,
 ) -> list[str]:
     """The full QEMU command line for `spec` (pure, so it is unit-tested).
 
@@ -128,6 +129,7 @@ def build_command(
     the same devices as the VM that was saved), and stay stopped once it is loaded.
     `ram_base`: map this snapshot RAM file privately instead of the VM's own RAM file.
     `base_discards`: QEMU runs with `privram` preloaded, which keeps that file read-only.
+    `merge_pages`: the host kernel may merge guest pages identical to other guests' (KSM).
     """
     workdir = spec.workdir
     if ram_base is None:
@@ -142,13 +144,15 @@ def build_command(
         # QEMU does by punching holes, even in a private mapping) fails instead of zeroing
         # pages under every clone.
         ram = f"mem-path={ram_base},share=off,readonly=on,rom=off"
+    # Off unless asked: pages merged across sandboxes let one time another's writes.
+    merge = f"merge={'on' if merge_pages else 'off'}"
     args = [
         qemu,
         "-name", spec.name,
         "-M", "microvm,acpi=on,memory-backend=ram",
         "-m", f"{spec.memory_mb}M",
         "-smp", str(spec.vcpus),
-        "-object", f"memory-backend-file,id=ram,size={spec.memory_mb}M,{ram}",
+        "-object", f"memory-backend-file,id=ram,size={spec.memory_mb}M,{ram},{merge}",
         "-nographic", "-nodefaults", "-no-reboot", "-no-user-config",
         "-serial", f"file:{workdir / 'console.log'}",
         "-qmp", f"unix:{qmp_socket(spec.name, run_dir)},server=on,wait=off",
@@ -235,10 +239,13 @@ class QemuDriver:
 
     name = "qemu"
 
-    def __init__(self, qemu_binary: str, accel: str, run_dir: Path = RUN_DIR) -> None:
+    def __init__(
+        self, qemu_binary: str, accel: str, run_dir: Path = RUN_DIR, *, merge_pages: bool = False
+    ) -> None:
         self.qemu_binary = qemu_binary
         self.accel = accel
         self.run_dir = run_dir
+        self.merge_pages = merge_pages
         self._children: dict[int, asyncio.subprocess.Process] = {}
         self._tsc_khz = host_tsc_khz()
         numbers = qemu_version(qemu_binary)
@@ -362,6 +369,7 @@ class QemuDriver:
             incoming=incoming,
             ram_base=ram_base,
             base_discards=ram_base is not None and self._privram is not None,
+            merge_pages=self.merge_pages,
         )
         env = None
         if ram_base is not None and self._privram is not None:

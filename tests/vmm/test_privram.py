@@ -94,4 +94,4 @@ def test_a_clone_with_the_library_maps_the_snapshots_ram_writable_and_private(
         base_discards=True,
     )  # fmt: skip
     backend = cmd[cmd.index("-object") + 1]
-    assert backend.endswith(f"mem-path={base},share=off")
+    assert backend.endswith(f"mem-path={base},share=off,merge=off")

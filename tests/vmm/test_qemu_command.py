@@ -64,7 +64,7 @@ def test_a_clone_maps_the_snapshots_ram_privately(tmp_path: Path) -> None:
     cmd = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path), incoming=True, ram_base=base)
     backend = cmd[cmd.index("-object") + 1]
     # Opened read-only, mapped copy-on-write: nothing the guest does reaches the file.
-    assert backend.endswith(f"mem-path={base},share=off,readonly=on,rom=off")
+    assert backend.endswith(f"mem-path={base},share=off,readonly=on,rom=off,merge=off")
 
 
 def test_copy_sparse_keeps_holes_and_bytes(tmp_path: Path) -> None:
@@ -96,3 +96,11 @@ def test_a_vmm_log_over_its_limit_is_cut_back_and_appends_go_after_the_cut(
     small.write_bytes(b"fine\n")
     trim_log(small)
     assert small.read_bytes() == b"fine\n"
+
+
+def test_guest_pages_merge_across_sandboxes_only_when_asked(tmp_path: Path) -> None:
+    """Merged pages let one guest time another's writes: off unless the operator says so."""
+    default = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path))
+    merged = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path), merge_pages=True)
+    assert default[default.index("-object") + 1].endswith(",merge=off")
+    assert merged[merged.index("-object") + 1].endswith(",merge=on")
