@@ -93,6 +93,9 @@ class VmmConfig:
     accel: str = "auto"
     qemu_binary: str = "qemu-system-x86_64"
     kvm_probe_timeout: float = 20.0
+    # Under TCG, each VM's translated-code cache: it fills during work and stays resident,
+    # a memory cost of emulation that KVM does not have (docs/density.md).
+    tcg_translation_buffer_mb: int = 64
 
 
 @dataclass

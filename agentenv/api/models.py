@@ -32,6 +32,8 @@ class NewSandbox(_Request):
     autoResume: AutoResume | None = None
     secure: bool = False
     allow_internet_access: bool = True
+    # Not E2B's: pause once the guest has been idle this many seconds (0: never).
+    pauseAfterIdle: int = Field(default=0, ge=0, le=10_000_000)
 
 
 class TimeoutBody(_Request):

@@ -114,6 +114,7 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
         auto_pause_memory=body.autoPauseMemory,
         allow_internet=body.allow_internet_access,
         secure=secure,
+        pause_after_idle=body.pauseAfterIdle,
     )
     # A snapshot's id (`name:tag`) looks like an image reference: snapshots come first.
     snapshot = await asyncio.to_thread(node.snapshots.registry.lookup, body.templateID)

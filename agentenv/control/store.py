@@ -55,6 +55,8 @@ class SandboxRecord:
     stored: bool = False
     # The node that runs it or holds its paused files (set by that node's store).
     node: str = ""
+    # Paused once its guest has been idle this many seconds (`runtime/memory.py`); 0: never.
+    pause_after_idle: int = 0
 
 
 _JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers")

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import SandboxConfig
+from ..control.store import SandboxRecord
 from ..errors import Unavailable
+from .lifecycle import HOLDS_MEMORY
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,19 @@ class Capacity:
     memory_mb: int
     disk_mb: int
     max_vcpus: int
+
+
+def demand_of(record: SandboxRecord) -> Demand:
+    # A sandbox's disk holds its overlay and, while paused, its RAM file.
+    return Demand(record.memory_mb, record.disk_mb + record.memory_mb, record.vcpus)
+
+
+def committed_by(records: list[SandboxRecord]) -> list[Demand]:
+    """What these sandbox records hold: paused ones hold disk but no memory."""
+    return [
+        demand_of(r) if r.state in HOLDS_MEMORY else Demand(0, demand_of(r).disk_mb, 0)
+        for r in records
+    ]
 
 
 def total_memory_mb(meminfo: Path = Path("/proc/meminfo")) -> int:

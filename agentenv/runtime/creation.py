@@ -44,6 +44,7 @@ async def requested_record(
         secure=request.secure,
         layers=layers,
         reserved=reserved,
+        pause_after_idle=request.pause_after_idle,
     )
 
 

@@ -75,6 +75,7 @@ class SandboxForks:
             auto_pause_memory=source.auto_pause_memory,
             allow_internet=source.allow_internet,
             secure=source.access_token is not None,
+            pause_after_idle=source.pause_after_idle,
         )
         kit = self.manager.pinned_kit(source)
         return await self.manager.bring_up(

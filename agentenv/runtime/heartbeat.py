@@ -12,9 +12,10 @@ from collections.abc import Callable
 
 from ..control.nodes import LOST, NodeCapacity, NodeRegistry
 from ..storage.blockd import BlockdClient
+from .admission import committed_by
 from .handoff import release_moved
 from .lifecycle import PUBLIC_STATE
-from .manager import SandboxManager, committed_by
+from .manager import SandboxManager
 from .snapshots import SandboxSnapshots
 
 log = logging.getLogger(__name__)

@@ -45,7 +45,7 @@ from ..observe.metrics import timed
 from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
 from ..vmm.qemuimg import create_qcow2, qcow2_virtual_size
-from .admission import Demand, admit, host_capacity
+from .admission import Demand, admit, committed_by, demand_of, host_capacity
 from .bootsnap import (
     DISK_BYTES,
     BootSnapshots,
@@ -56,7 +56,7 @@ from .bootsnap import (
 )
 from .cleanup import CleanupStack
 from .launch import VmLauncher
-from .lifecycle import HOLDS_MEMORY, Event, State, next_state
+from .lifecycle import Event, State, next_state
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class CreateRequest:
     auto_pause_memory: bool = True
     allow_internet: bool = True
     secure: bool = False
+    pause_after_idle: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,19 +106,6 @@ def new_sandbox_id() -> str:
 
 def now() -> datetime:
     return datetime.now(UTC)
-
-
-def demand_of(record: SandboxRecord) -> Demand:
-    # A sandbox's disk holds its overlay and, while paused, its RAM file.
-    return Demand(record.memory_mb, record.disk_mb + record.memory_mb, record.vcpus)
-
-
-def committed_by(records: list[SandboxRecord]) -> list[Demand]:
-    """What these sandbox records hold: paused ones hold disk but no memory."""
-    return [
-        demand_of(r) if r.state in HOLDS_MEMORY else Demand(0, demand_of(r).disk_mb, 0)
-        for r in records
-    ]
 
 
 class SandboxManager:
@@ -321,6 +309,7 @@ class SandboxManager:
         secure: bool,
         layers: dict[str, str] | None = None,
         reserved: tuple[str, int] | None = None,
+        pause_after_idle: int = 0,
     ) -> SandboxRecord:
         """Admit a sandbox and store its `creating` record with a free network slot (or
         the `reserved` id and slot of a warm VM); `layers` are stored ones its files start
@@ -346,6 +335,7 @@ class SandboxManager:
                 allow_internet=allow_internet,
                 access_token=secrets.token_hex(16) if secure else None,
                 layers=dict(layers or {}),
+                pause_after_idle=pause_after_idle,
             )
             await self._admit(demand_of(record))
             record.slot = reserved[1] if reserved else await self._free_slot()

@@ -1,8 +1,9 @@
 """A node's memory: what each running sandbox holds on the host (its VMM's proportional
 set size, PSS, which splits pages clones share between them) and what its guest reports,
-sampled in the background; and what the node does when the host runs short. Idle guests
-give memory back first (`guest/agent/reclaim.py`), then the longest-idle sandboxes pause
-to the snapshot store. A running guest is never killed for memory.
+sampled in the background; sandboxes whose idle-pause policy came due pause; and what the
+node does when the host runs short. Idle guests give memory back first
+(`guest/agent/reclaim.py`), then the longest-idle sandboxes pause to the snapshot store.
+A running guest is never killed for memory.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class MemoryKeeper:
             await asyncio.sleep(interval)
             try:
                 await self.sample()
+                await self.pause_idle()
                 await self.relieve()
             except Exception:
                 log.exception("memory sampling failed")
@@ -169,6 +171,21 @@ class MemoryKeeper:
     def held_mb(self) -> int:
         """What running sandboxes hold on the host, by the last sample."""
         return sum(s.host.pss_mb for s in self.latest.values())
+
+    async def pause_idle(self) -> None:
+        """Pause the sandboxes whose idle-pause policy (`pause_after_idle`) has come due."""
+        for sandbox_id, sample in list(self.latest.items()):
+            record = await self.manager.store.get(sandbox_id)
+            if record is None or record.state != State.RUNNING or not record.pause_after_idle:
+                continue
+            if sample.idle_seconds is None or sample.idle_seconds < record.pause_after_idle:
+                continue
+            try:
+                await self.pause(sandbox_id)
+            except AenvError as exc:
+                log.warning("idle pause of %s failed: %s", sandbox_id, exc)
+                continue
+            log.info("sandbox %s paused after %.0f s idle", sandbox_id, sample.idle_seconds)
 
     async def relieve(self) -> None:
         """Below the reserve plus the margin, idle guests give memory back; still below

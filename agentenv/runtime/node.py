@@ -28,13 +28,14 @@ from ..storage.blockd import BlockdClient
 from ..storage.stores import open_object_store
 from ..vmm.accel import AccelChoice, choose_accel
 from ..vmm.qemu import QemuDriver, run_dir_for
+from .admission import committed_by
 from .bootsnap import BootSnapshots, Shape
 from .collect import Collector
 from .creation import SandboxCreations
 from .fork import SandboxForks
 from .heartbeat import NodePresence
 from .lifecycle import State
-from .manager import SandboxManager, committed_by, guest_kernel_args
+from .manager import SandboxManager, guest_kernel_args
 from .memory import MemoryKeeper
 from .pause import SandboxPauses
 from .persist import Uploads
@@ -128,6 +129,7 @@ class Node:
             accel.name,
             run_dir_for(cfg.home),
             merge_pages=cfg.sandbox.merge_identical_pages,
+            translation_buffer_mb=cfg.vmm.tcg_translation_buffer_mb,
         )
         boot_snapshots = None
         if cfg.sandbox.boot_snapshots:

@@ -122,6 +122,7 @@ def build_command(
     ram_base: Path | None = None,
     base_discards: bool = False,
     merge_pages: bool = False,
+    translation_buffer_mb: int = 64,
 ) -> list[str]:
     """The full QEMU command line for `spec` (pure, so it is unit-tested).
 
@@ -165,7 +166,7 @@ def build_command(
         args += ["-accel", "kvm", "-cpu", "host"]
     else:
         # A small translation cache keeps each idle VM's resident memory down.
-        args += ["-accel", "tcg,tb-size=64"]
+        args += ["-accel", f"tcg,tb-size={translation_buffer_mb}"]
     for index, disk in enumerate(spec.disks):
         readonly = "on" if disk.read_only else "off"
         args += [
@@ -240,12 +241,19 @@ class QemuDriver:
     name = "qemu"
 
     def __init__(
-        self, qemu_binary: str, accel: str, run_dir: Path = RUN_DIR, *, merge_pages: bool = False
+        self,
+        qemu_binary: str,
+        accel: str,
+        run_dir: Path = RUN_DIR,
+        *,
+        merge_pages: bool = False,
+        translation_buffer_mb: int = 64,
     ) -> None:
         self.qemu_binary = qemu_binary
         self.accel = accel
         self.run_dir = run_dir
         self.merge_pages = merge_pages
+        self.translation_buffer_mb = translation_buffer_mb
         self._children: dict[int, asyncio.subprocess.Process] = {}
         self._tsc_khz = host_tsc_khz()
         numbers = qemu_version(qemu_binary)
@@ -370,6 +378,7 @@ class QemuDriver:
             ram_base=ram_base,
             base_discards=ram_base is not None and self._privram is not None,
             merge_pages=self.merge_pages,
+            translation_buffer_mb=self.translation_buffer_mb,
         )
         env = None
         if ram_base is not None and self._privram is not None:

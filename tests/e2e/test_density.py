@@ -1,6 +1,7 @@
 """Memory density on real VMs: what a guest frees returns to the host, a balloon takes
-memory from a guest and gives it back, an idle guest drops its caches, and the node
-reports each sandbox's host memory (metrics, listings, Prometheus)."""
+memory from a guest and gives it back, an idle guest drops its caches, the node reports
+each sandbox's host memory (metrics, listings, Prometheus), and a sandbox's idle-pause
+policy pauses it."""
 
 from __future__ import annotations
 
@@ -124,5 +125,15 @@ def test_an_idle_guest_drops_its_caches_and_the_node_reports_memory(
         found = re.search(pattern, prometheus)
         assert found is not None and float(found.group(1)) > 0, prometheus[-2000:]
         assert 'aenv_node_memory_mb{kind="held"}' in prometheus
+        # Its own idle-pause policy pauses a sandbox once idle that long; the other stays.
+        sleepy = create(fresh_server, pauseAfterIdle=5)["sandboxID"]
+        with fresh_server.client() as api:
+
+            def state(sid: str) -> str:
+                return api.get(f"/sandboxes/{sid}").json()["state"]
+
+            assert wait_for(lambda: state(sleepy) == "paused", 60)
+            assert state(sandbox_id) == "running"
+            kill(fresh_server, sleepy)
     finally:
         kill(fresh_server, sandbox_id)

@@ -116,3 +116,18 @@ async def test_a_balloon_is_set_within_bounds_on_running_sandboxes_only(h: Harne
         await keeper.set_balloon(sandbox_id, 200)
     with pytest.raises(Conflict):
         await keeper.balloon(sandbox_id)
+
+
+async def test_a_sandbox_pauses_once_idle_as_long_as_it_asked(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agents = await _sandboxes_idle_for(h, monkeypatch, [100.0, 100.0, 10.0])
+    patient, _no_policy, eager = list(agents)
+    await h.manager.store.update(patient, pause_after_idle=60)
+    await h.manager.store.update(eager, pause_after_idle=60)
+    host = Host(10**6)
+    keeper = MemoryKeeper(h.manager, host.pause, settle=0, available=host.available)
+    await keeper.sample()
+    await keeper.pause_idle()
+    # The second has no policy; `eager` has not been idle long enough yet.
+    assert host.paused == [patient]
