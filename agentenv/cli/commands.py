@@ -102,6 +102,8 @@ def cmd_start(ctx: Context, args: argparse.Namespace) -> int:
         body["allow_internet_access"] = False
     if args.secure:
         body["secure"] = True
+    if args.pause_after_idle is not None:
+        body["pauseAfterIdle"] = args.pause_after_idle
     with ctx.api() as api:
         sbx = api.create_sandbox(body)
     sandbox_id = str(sbx.get("sandboxID") or "")

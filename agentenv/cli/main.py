@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metadata", action="append", metavar="K=V", help="metadata (repeatable)")
     p.add_argument("--no-internet", action="store_true", help="deny outbound internet access")
     p.add_argument("--secure", action="store_true", help="require an envd access token")
+    p.add_argument(
+        "--pause-after-idle", type=int, metavar="SECONDS", help="pause once idle this long"
+    )
 
     p = _add(sub, "cn", commands.cmd_cn, "open an interactive shell in a sandbox")
     p.add_argument("id", metavar="ID")

@@ -33,7 +33,8 @@ def build(directory: Path) -> Path | None:
     if compiler is None:
         log.warning("no C compiler: memory that clones' guests free stays with their VMMs")
         return None
-    directory.mkdir(parents=True, exist_ok=True)
+    # The VMMs' control sockets live there too: as closed as QEMU's driver makes it.
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
     command = [compiler, "-shared", "-fPIC", "-O2", "-o", str(partial), str(SOURCE), "-ldl"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)

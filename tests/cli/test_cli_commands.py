@@ -186,7 +186,7 @@ def test_start_detach_sends_body_and_prints_id(cli: Any) -> None:
         return json_response(201, {"sandboxID": "new1", "templateID": "py", "envdVersion": "0.5.7"})
 
     argv = ["start", "py", "-d", "--timeout", "60", "--env", "A=1", "--metadata", "k=v"]
-    run = cli([*argv, "--no-internet", "--secure"], handler)
+    run = cli([*argv, "--no-internet", "--secure", "--pause-after-idle", "120"], handler)
     assert run.code == 0, run.stderr
     assert run.stdout == "new1\n"
     assert json.loads(run.requests[0].content) == {
@@ -196,6 +196,7 @@ def test_start_detach_sends_body_and_prints_id(cli: Any) -> None:
         "metadata": {"k": "v"},
         "allow_internet_access": False,
         "secure": True,
+        "pauseAfterIdle": 120,
     }
 
 
