@@ -62,7 +62,7 @@ class SandboxConfig:
     min_free_memory_mb: int = 512
     min_free_disk_mb: int = 1024
     # Sandboxes' configured memory (disk) may sum to host memory (disk) times this.
-    memory_overcommit: float = 1.0
+    memory_overcommit: float = 2.0
     # Seconds without use and with idle CPUs after which a guest drops its clean caches,
     # so the memory returns to the host (docs/density.md); 0 turns it off.
     reclaim_after_idle: float = 30.0
