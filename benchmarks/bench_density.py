@@ -139,7 +139,8 @@ def main() -> None:
         kill_all(server, [warm["sandboxID"]])
         time.sleep(3)
         baseline = _meminfo_mb("MemAvailable")
-        sandboxes = [create(server) for _ in range(args.count)]
+        # Long enough to outlive the whole run (the default 300 s does not).
+        sandboxes = [create(server, timeout=3600) for _ in range(args.count)]
         ids = [s["sandboxID"] for s in sandboxes]
         try:
             with ThreadPoolExecutor(2) as pool:
