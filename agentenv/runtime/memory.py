@@ -25,7 +25,6 @@ from ..errors import AenvError, Conflict, InvalidInput, Unavailable
 from ..observe.metrics import MEMORY_RELIEF, SANDBOX_MEMORY
 from ..vmm.driver import BalloonStats, VmHandle, VmmError
 from .admission import available_memory_mb
-from .lifecycle import State
 from .manager import SandboxManager
 
 log = logging.getLogger(__name__)
@@ -107,7 +106,9 @@ class MemoryKeeper:
 
     async def sample(self) -> None:
         """Refresh `latest` for every running sandbox (and forget the others)."""
-        running = [r for r in await self.manager.store.list() if r.state == State.RUNNING and r.vm]
+        # Routed exactly while running (the lifecycle sets routes).
+        records = await self.manager.store.list()
+        running = [r for r in records if r.vm and self.manager.route(r.sandbox_id) is not None]
         samples = await asyncio.gather(*(self._sample(r) for r in running))
         self.latest = {r.sandbox_id: s for r, s in zip(running, samples, strict=True) if s}
         SANDBOX_MEMORY.clear()
@@ -176,12 +177,12 @@ class MemoryKeeper:
         """Pause the sandboxes whose idle-pause policy (`pause_after_idle`) has come due."""
         for sandbox_id, sample in list(self.latest.items()):
             record = await self.manager.store.get(sandbox_id)
-            if record is None or record.state != State.RUNNING or not record.pause_after_idle:
+            if record is None or not record.pause_after_idle:
                 continue
             if sample.idle_seconds is None or sample.idle_seconds < record.pause_after_idle:
                 continue
             try:
-                await self.pause(sandbox_id)
+                await self.pause(sandbox_id)  # refused by the lifecycle unless running
             except AenvError as exc:
                 log.warning("idle pause of %s failed: %s", sandbox_id, exc)
                 continue
@@ -200,7 +201,7 @@ class MemoryKeeper:
         )[::-1]
         for _, sandbox_id in idle:
             record = await self.manager.store.get(sandbox_id)
-            if record is None or record.state != State.RUNNING:
+            if record is None or self.manager.route(sandbox_id) is None:
                 continue
             with contextlib.suppress(httpx.HTTPError, TimeoutError):
                 async with asyncio.timeout(_SAMPLE_TIMEOUT_S * 6):
