@@ -6,12 +6,15 @@ policy pauses it."""
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
-from ..live import LiveServer, wait_for
+from agentenv.runtime.admission import total_memory_mb
+
+from ..live import HostResources, LiveServer, wait_for
 from .test_sandbox_lifecycle import create, kill, run
 
 pytestmark = pytest.mark.vm
@@ -137,3 +140,31 @@ def test_an_idle_guest_drops_its_caches_and_the_node_reports_memory(
             kill(fresh_server, sleepy)
     finally:
         kill(fresh_server, sandbox_id)
+
+
+def test_a_create_storm_gets_what_fits_and_clear_refusals(fresh_server: LiveServer) -> None:
+    """Eight creates at once where three 256 MiB sandboxes fit: three run, five get 503
+    naming memory, and nothing is left half-made."""
+    room = (total_memory_mb() - 512) / (3.5 * 256)  # three fit, four do not
+    fresh_server.extra_env["AENV_SANDBOX_MEMORY_OVERCOMMIT"] = f"{1 / room:.9f}"
+    fresh_server.start()
+    # First one alone, so that the boot snapshot exists and the storm's creates are quick.
+    kill(fresh_server, create(fresh_server)["sandboxID"])
+    with fresh_server.client() as api:
+
+        def attempt(_: int) -> httpx.Response:
+            return api.post("/v2/sandboxes", json={"templateID": "base"}, timeout=300)
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(attempt, range(8)))
+        created = [a.json() for a in answers if a.status_code == 201]
+        refused = [a for a in answers if a.status_code != 201]
+        assert len(created) == 3, [a.text for a in answers]
+        assert all(a.status_code == 503 for a in refused)
+        assert all("not enough host memory" in a.json()["message"] for a in refused)
+        listed = {s["sandboxID"] for s in api.get("/v2/sandboxes").json()}
+        assert listed == {sandbox["sandboxID"] for sandbox in created}
+    for sandbox in created:
+        assert run(fresh_server, sandbox, "echo up")[0] == "up\n"
+        kill(fresh_server, sandbox["sandboxID"])
+    assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
