@@ -126,11 +126,13 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=24)
     parser.add_argument("--idle", type=float, default=60.0)
     parser.add_argument("--ksm", action="store_true", help="also measure with KSM merging")
+    parser.add_argument("--translation-buffer-mb", type=int, default=64, help="TCG's, per VM")
     args = parser.parse_args()
     env = {
         "AENV_SANDBOX_MEMORY_MB": str(MEMORY_MB),
         # Mergeable, so that the KSM phase can merge; KSM itself is off until then.
         "AENV_SANDBOX_MERGE_IDENTICAL_PAGES": "true" if args.ksm else "false",
+        "AENV_VMM_TCG_TRANSLATION_BUFFER_MB": str(args.translation_buffer_mb),
         # Guest memory is the point here: admission counts it at 4x host memory.
         "AENV_SANDBOX_MEMORY_OVERCOMMIT": "4",
     }
@@ -152,7 +154,12 @@ def main() -> None:
             idle = held(server, ids, baseline)
             with ThreadPoolExecutor(4) as pool:
                 answering = sum(pool.map(lambda s: answers(server, s), sandboxes))
-            common = {"bench": "density", "sandboxes": args.count, "memory_mb": MEMORY_MB}
+            common = {
+                "bench": "density",
+                "sandboxes": args.count,
+                "memory_mb": MEMORY_MB,
+                "translation_buffer_mb": args.translation_buffer_mb,
+            }
             print(json.dumps({**common, "at": "peak", **peak}))
             print(json.dumps({**common, "at": f"after {args.idle:.0f} s idle", **idle}))
             if args.ksm and KSM.is_dir():

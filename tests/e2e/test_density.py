@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentenv.runtime.admission import total_memory_mb
+from agentenv.runtime.admission import available_memory_mb, total_memory_mb
 
 from ..live import HostResources, LiveServer, wait_for
 from .test_sandbox_lifecycle import create, kill, run
@@ -168,3 +168,35 @@ def test_a_create_storm_gets_what_fits_and_clear_refusals(fresh_server: LiveServ
         assert run(fresh_server, sandbox, "echo up")[0] == "up\n"
         kill(fresh_server, sandbox["sandboxID"])
     assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
+
+
+def test_admission_lets_a_create_in_once_a_guest_gave_memory_back(
+    fresh_server: LiveServer,
+) -> None:
+    """The live check: a create needs its whole memory available above the reserve. With
+    the reserve set 75 MiB under what a new sandbox leaves, a guest holding 120 MiB keeps
+    the next create out; once it frees them, free page reporting lets it in."""
+    fresh_server.start()
+    holder = create(fresh_server)
+    run(fresh_server, holder, "echo warm")
+    # The reserve is read at start; the holder keeps running across the restart.
+    fresh_server.stop()
+    reserve = available_memory_mb() - 256 - 75
+    fresh_server.extra_env["AENV_SANDBOX_MIN_FREE_MEMORY_MB"] = str(reserve)
+    fresh_server.start()
+    run(fresh_server, holder, HOLD)
+    assert wait_for(lambda: run(fresh_server, holder, "test -f /tmp/held")[2] == 0, 120)
+    with fresh_server.client() as api:
+        refused = api.post("/v2/sandboxes", json={"templateID": "base"})
+        assert refused.status_code == 503, refused.text
+        assert "MiB available" in refused.json()["message"]
+        run(fresh_server, holder, "pkill -f os.urandom; true")
+
+        def admitted() -> bool:
+            answer = api.post("/v2/sandboxes", json={"templateID": "base"})
+            if answer.status_code == 201:
+                kill(fresh_server, answer.json()["sandboxID"])
+            return answer.status_code == 201
+
+        assert wait_for(admitted, 30)
+    kill(fresh_server, holder["sandboxID"])
