@@ -7,6 +7,7 @@ import base64
 import gzip
 import json
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -26,6 +27,7 @@ from agentenv.guest.client import AgentClient
 REPO = Path(__file__).resolve().parents[2]
 STREAM = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
 NOBODY = {"Authorization": "Basic " + base64.b64encode(b"nobody:").decode()}
+ROOT = {"Authorization": "Basic " + base64.b64encode(b"root:").decode()}
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the agent tests need root")
 
@@ -617,5 +619,26 @@ async def test_process_in_chroot() -> None:
         async with httpx.AsyncClient(base_url=a.url, timeout=30) as c:
             out, _, end, _ = await run(c, sh("cat /etc/debian_version; pwd"))
             assert end["status"] == "exit status 0" and out.decode().splitlines()[1] == "/root"
+    finally:
+        _stop(a)
+
+
+async def test_bash_falls_back_to_the_images_sh(tmp_path: Path) -> None:
+    """A busybox root has no bash: what E2B's clients send (`/bin/bash -l -c`) runs in its
+    `/bin/sh`; a root that has bash keeps it."""
+    root = tmp_path / "root"
+    (root / "bin").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    (root / "bin" / "sh").symlink_to("busybox")
+    a = _spawn(str(root))
+    try:
+        async with httpx.AsyncClient(base_url=a.url, timeout=30) as c:
+            login = {"cmd": "/bin/bash", "args": ["-l", "-c", "echo from-$0"]}
+            out, _, end, _ = await run(c, {"process": login, "stdin": False}, ROOT)
+            assert end == {"exited": True, "status": "exit status 0"}, end
+            assert out.decode() == "from-/bin/sh\n"
     finally:
         _stop(a)

@@ -30,6 +30,9 @@ from .connect import (
 from .proc import OVERFLOW, ManagedProcess, ProcessTable, SpawnSpec, Subscriber
 from .state import AgentState, app_key, get_state
 
+# The shell E2B's clients ask for, and the one every image has.
+BASH = "/bin/bash"
+SH = "/bin/sh"
 SIGNALS = {"SIGNAL_SIGTERM": signal.SIGTERM, "SIGNAL_SIGKILL": signal.SIGKILL, 15: 15, 9: 9}
 PROC_KEY = app_key("aenv_processes", ProcessTable)
 
@@ -58,6 +61,14 @@ def _b64(value: Any) -> bytes:
         raise ConnectError("invalid_argument", "input is not valid base64") from None
 
 
+def _shell_there(state: AgentState, cmd: str) -> str:
+    """E2B's SDKs and CLI run everything with `/bin/bash`: in an image without bash
+    (busybox, alpine) the image's `/bin/sh` takes the same `-l`, `-i` and `-c`."""
+    if cmd != BASH or os.path.exists(state.rootfs.host(BASH)):
+        return cmd
+    return SH if os.path.exists(state.rootfs.host(SH)) else cmd
+
+
 def _spec(state: AgentState, request: web.Request, msg: Message) -> tuple[SpawnSpec, Message]:
     """Build the spawn spec of a StartRequest: user, environment layers and working dir."""
     config = msg.get("process") or {}
@@ -78,7 +89,7 @@ def _spec(state: AgentState, request: web.Request, msg: Message) -> tuple[SpawnS
         cwd = "/"  # a default that is missing (e.g. nobody's /nonexistent home) is not an error
     pty = msg.get("pty")
     spec = SpawnSpec(
-        cmd=str(cmd),
+        cmd=_shell_there(state, str(cmd)),
         args=args,
         env=env,
         cwd=cwd,
