@@ -174,18 +174,20 @@ def test_admission_lets_a_create_in_once_a_guest_gave_memory_back(
     fresh_server: LiveServer,
 ) -> None:
     """The live check: a create needs its whole memory available above the reserve. With
-    the reserve set 75 MiB under what a new sandbox leaves, a guest holding 120 MiB keeps
-    the next create out; once it frees them, free page reporting lets it in."""
+    the reserve set 150 MiB under what a new 512 MiB sandbox leaves (room for the host's
+    own drift either way), a guest holding 300 MiB keeps the next create out; once it frees
+    them, free page reporting lets it in."""
+    fresh_server.extra_env["AENV_SANDBOX_MEMORY_MB"] = "512"
     fresh_server.start()
     holder = create(fresh_server)
     run(fresh_server, holder, "echo warm")
     # The reserve is read at start; the holder keeps running across the restart.
     fresh_server.stop()
-    reserve = available_memory_mb() - 256 - 75
+    reserve = available_memory_mb() - 512 - 150
     fresh_server.extra_env["AENV_SANDBOX_MIN_FREE_MEMORY_MB"] = str(reserve)
     fresh_server.start()
-    run(fresh_server, holder, HOLD)
-    assert wait_for(lambda: run(fresh_server, holder, "test -f /tmp/held")[2] == 0, 120)
+    run(fresh_server, holder, HOLD.replace("120 << 20", "300 << 20"))
+    assert wait_for(lambda: run(fresh_server, holder, "test -f /tmp/held")[2] == 0, 180)
     with fresh_server.client() as api:
         refused = api.post("/v2/sandboxes", json={"templateID": "base"})
         assert refused.status_code == 503, refused.text
@@ -198,5 +200,5 @@ def test_admission_lets_a_create_in_once_a_guest_gave_memory_back(
                 kill(fresh_server, answer.json()["sandboxID"])
             return answer.status_code == 201
 
-        assert wait_for(admitted, 30)
+        assert wait_for(admitted, 60)
     kill(fresh_server, holder["sandboxID"])
