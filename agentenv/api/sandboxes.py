@@ -19,6 +19,7 @@ from ..images.reference import parse_reference
 from ..runtime.adoption import adopt
 from ..runtime.lifecycle import PUBLIC_STATE
 from ..runtime.manager import CreateRequest
+from ..runtime.memory import MIB
 from ..runtime.node import Node
 from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
 from .errors import ERROR_RESPONSES
@@ -38,8 +39,6 @@ from .models import (
     TimeoutBody,
 )
 from .pagination import decode_cursor, encode_cursor
-
-MIB = 1024 * 1024
 
 CLIENT_ID = "aenv"
 
@@ -223,7 +222,7 @@ def _with_host_memory(node: Node, listed: list[ListedSandbox]) -> list[ListedSan
     latest = node.memory.latest
     for item in listed:
         if item.sandboxID in latest:
-            item.hostMemoryMB = latest[item.sandboxID].host.pss_mb
+            item.hostMemoryMB = latest[item.sandboxID].host.pss // MIB
     return listed
 
 
@@ -353,7 +352,7 @@ async def sandbox_metrics(
             memCache=sample.get("mem_cache", 0),
             diskUsed=sample["disk_used"],
             diskTotal=sample["disk_total"],
-            hostMemUsed=host.pss_mb * MIB if host is not None else None,
+            hostMemUsed=host.pss if host is not None else None,
         )
     ]
 

@@ -54,10 +54,8 @@ class Member:
     # Where it listens: a node on its own namespace's address, the rest on the host.
     address: str = "127.0.0.1"
     home: str = ""
-    # A node's index on the cluster's bridge, and its sandboxes' name prefix and subnet.
+    # A node's index on the cluster's bridge (its names and subnet derive from it).
     index: int = 0
-    prefix: str = ""
-    subnet: str = ""
 
     @property
     def url(self) -> str:
@@ -89,15 +87,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
-
-
-def _free_subnet(taken: set[str]) -> str:
-    used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
-    for octet in range(120, 190):
-        subnet = f"10.{octet}.0.0/16"
-        if f" 10.{octet}." not in used and subnet not in taken:
-            return subnet
-    raise ClusterError("no free 10.x.0.0/16 subnet for a node")
 
 
 class LocalCluster:
@@ -152,11 +141,8 @@ class LocalCluster:
             postgres = LocalPostgres(self.directory / "postgres")
             state.state_url = postgres.start(pg_port, host=state.network.gateway)
             self._start_s3(state, s3_port)
-            taken: set[str] = set()
             for index in range(1, nodes + 1):
-                subnet = _free_subnet(taken)
-                taken.add(subnet)
-                self._start_node(state, index, subnet)
+                self._start_node(state, index)
             self._start_control(state, port or free_port())
             self._wait_ready(state, nodes, timeout)
         except BaseException:
@@ -222,17 +208,14 @@ class LocalCluster:
             **self.env,
         }
 
-    def _start_node(self, state: ClusterState, index: int, subnet: str) -> None:
+    def _start_node(self, state: ClusterState, index: int) -> None:
         """A node server inside its own network namespace (only that: it shares the
         host's mounts, so its block daemon's files and sandbox namespaces are seen by a
         restarted node and by `down`)."""
         name, port = f"node-{index}", free_port()
         home = self.directory / "nodes" / name
         home.mkdir(parents=True, exist_ok=True)
-        prefix = "c" + secrets.token_hex(2) + str(index)
-        member = Member(
-            name, "node", 0, port, "", home=str(home), index=index, prefix=prefix, subnet=subnet
-        )
+        member = Member(name, "node", 0, port, "", home=str(home), index=index)
         state.members.append(member)
         self._save(state)
         member.address = state.network.add_node(index)
@@ -243,8 +226,8 @@ class LocalCluster:
             "AENV_SERVER_NODE_NAME": name,
             "AENV_SERVER_HOST": member.address,
             "AENV_SERVER_ADVERTISE_URL": member.url,
-            "AENV_NET_NAME_PREFIX": prefix,
-            "AENV_NET_HOST_SUBNET": subnet,
+            "AENV_NET_NAME_PREFIX": state.network.node_prefix(index),
+            "AENV_NET_HOST_SUBNET": state.network.node_subnet(index),
         }
         netns = f"--net=/run/netns/{state.network.netns(index)}"
         member.pid, member.log = self._spawn(name, ["nsenter", netns, "--", _AENV, "server"], env)
@@ -316,7 +299,7 @@ class LocalCluster:
             for member in sorted(state.members, key=lambda m: order[m.role]):
                 _stop(member.pid)
                 if member.role == "node":
-                    self._clean_node(member)
+                    self._clean_node(member, state.network.node_prefix(member.index))
                     state.network.remove_node(member.index)
         LocalPostgres(self.directory / "postgres").stop()
         if state is not None:
@@ -334,14 +317,14 @@ class LocalCluster:
             except (httpx.HTTPError, ValueError, TypeError):
                 continue  # its VMs go with the node's host resources below
 
-    def _clean_node(self, member: Member) -> None:
+    def _clean_node(self, member: Member, prefix: str) -> None:
         """What a stopped node leaves by design (VMs outlive their server, and so does the
         block daemon) goes too: this node is not coming back."""
         for pid in _vmms_under(member.home):
             _stop(pid, grace=5.0)
-        for netns in list_namespaces(member.prefix):
+        for netns in list_namespaces(prefix):
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
-        env = {"AENV_HOME": member.home, "AENV_NET_NAME_PREFIX": member.prefix}
+        env = {"AENV_HOME": member.home, "AENV_NET_NAME_PREFIX": prefix}
         BlockdClient(load_config(env=env)).stop()
 
 

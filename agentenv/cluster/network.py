@@ -67,6 +67,16 @@ class ClusterNetwork:
     def netns(self, index: int) -> str:
         return f"aenvc{self.tag}-node{index}"
 
+    def node_prefix(self, index: int) -> str:
+        """Node `index`'s sandbox name prefix: unique on the host (/run/netns is shared)."""
+        return f"c{self.tag}{index}"
+
+    @staticmethod
+    def node_subnet(index: int) -> str:
+        """Node `index`'s sandbox subnet, inside its own namespace: the host's routes and
+        other nodes' subnets do not reach there, so it is fixed, not chosen."""
+        return f"10.{120 + index}.0.0/16"
+
     def _veth(self, index: int) -> str:
         return f"ac{self.tag}n{index}"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +41,10 @@ _SETTLE_S = 5.0
 
 @dataclass(frozen=True)
 class Footprint:
-    """What a VMM process holds in host memory, in MiB."""
+    """What a VMM process holds in host memory, in bytes."""
 
-    pss_mb: int
-    anonymous_mb: int
+    pss: int
+    anonymous: int
 
 
 def footprint(pid: int, proc: Path = Path("/proc")) -> Footprint | None:
@@ -58,17 +57,18 @@ def footprint(pid: int, proc: Path = Path("/proc")) -> Footprint | None:
     for line in lines:
         name, value, *_ = line.split()
         figures[name.rstrip(":")] = int(value) * 1024
-    return Footprint(figures.get("Pss", 0) // MIB, figures.get("Anonymous", 0) // MIB)
+    return Footprint(figures.get("Pss", 0), figures.get("Anonymous", 0))
 
 
 @dataclass(frozen=True)
 class SandboxMemory:
-    """One sample of a running sandbox: on the host, in its guest, and how long it idled."""
+    """One sample of a running sandbox: its record as listed, what it holds on the host,
+    what its guest says it uses (bytes) and how long it idled (None: no answer)."""
 
+    record: SandboxRecord
     host: Footprint
-    guest: BalloonStats | None
+    guest_used: int | None
     idle_seconds: float | None
-    sampled_at: float
 
 
 # Pauses a sandbox to relieve the host (the node's pause, which stores it when so set).
@@ -113,25 +113,22 @@ class MemoryKeeper:
         self.latest = {r.sandbox_id: s for r, s in zip(running, samples, strict=True) if s}
         SANDBOX_MEMORY.clear()
         for sandbox_id, sample in self.latest.items():
-            SANDBOX_MEMORY.labels(sandbox_id, "host_pss").set(sample.host.pss_mb * MIB)
-            if sample.guest is not None and sample.guest.available_mb is not None:
-                used = (sample.guest.total_mb or 0) - sample.guest.available_mb
-                SANDBOX_MEMORY.labels(sandbox_id, "guest_used").set(used * MIB)
+            SANDBOX_MEMORY.labels(sandbox_id, "host_pss").set(sample.host.pss)
+            if sample.guest_used is not None:
+                SANDBOX_MEMORY.labels(sandbox_id, "guest_used").set(sample.guest_used)
 
     async def _sample(self, record: SandboxRecord) -> SandboxMemory | None:
-        handle = VmHandle.from_dict(record.vm)
-        host = await asyncio.to_thread(footprint, handle.pid)
+        host = await asyncio.to_thread(footprint, VmHandle.from_dict(record.vm).pid)
         if host is None:
             return None
-        guest: BalloonStats | None = None
-        idle: float | None = None
-        with contextlib.suppress(VmmError, TimeoutError, OSError):
+        try:
             async with asyncio.timeout(_SAMPLE_TIMEOUT_S):
-                guest = await self.manager.driver.balloon(handle)
-        with contextlib.suppress(httpx.HTTPError, TimeoutError, KeyError, ValueError):
-            async with asyncio.timeout(_SAMPLE_TIMEOUT_S):
-                idle = float((await self.manager.agent(record).metrics())["idle_seconds"])
-        return SandboxMemory(host, guest, idle, time.time())
+                figures = await self.manager.agent(record).metrics()
+            return SandboxMemory(
+                record, host, int(figures["mem_used"]), float(figures["idle_seconds"])
+            )
+        except (httpx.HTTPError, TimeoutError, KeyError, ValueError):
+            return SandboxMemory(record, host, None, None)
 
     async def set_balloon(self, sandbox_id: str, target_mb: int) -> None:
         """Leave a running sandbox's guest `target_mb` of its memory (all of it: deflate);
@@ -171,15 +168,13 @@ class MemoryKeeper:
 
     def held_mb(self) -> int:
         """What running sandboxes hold on the host, by the last sample."""
-        return sum(s.host.pss_mb for s in self.latest.values())
+        return sum(s.host.pss for s in self.latest.values()) // MIB
 
     async def pause_idle(self) -> None:
         """Pause the sandboxes whose idle-pause policy (`pause_after_idle`) has come due."""
         for sandbox_id, sample in list(self.latest.items()):
-            record = await self.manager.store.get(sandbox_id)
-            if record is None or not record.pause_after_idle:
-                continue
-            if sample.idle_seconds is None or sample.idle_seconds < record.pause_after_idle:
+            due = sample.record.pause_after_idle
+            if not due or sample.idle_seconds is None or sample.idle_seconds < due:
                 continue
             try:
                 await self.pause(sandbox_id)  # refused by the lifecycle unless running
@@ -195,23 +190,24 @@ class MemoryKeeper:
         if self.available() >= reserve + self.cfg.pressure_margin_mb:
             return
         idle = sorted(
-            (s.idle_seconds, sandbox_id)
-            for sandbox_id, s in self.latest.items()
-            if s.idle_seconds is not None and s.idle_seconds > 0
-        )[::-1]
-        for _, sandbox_id in idle:
-            record = await self.manager.store.get(sandbox_id)
-            if record is None or self.manager.route(sandbox_id) is None:
-                continue
+            (s for s in self.latest.values() if s.idle_seconds),
+            key=lambda s: s.idle_seconds or 0,
+            reverse=True,
+        )
+        for sample in idle:
+            sandbox_id = sample.record.sandbox_id
+            if self.manager.route(sandbox_id) is None:
+                continue  # paused or gone since the sample
             with contextlib.suppress(httpx.HTTPError, TimeoutError):
                 async with asyncio.timeout(_SAMPLE_TIMEOUT_S * 6):
-                    freed = await self.manager.agent(record).reclaim()
+                    freed = await self.manager.agent(sample.record).reclaim()
                     MEMORY_RELIEF.labels("reclaim").inc()
                     log.info("memory pressure: %s gave back %d MiB", sandbox_id, freed >> 20)
         if not self.cfg.pause_under_pressure:
             return
         await asyncio.sleep(self.settle)
-        for _, sandbox_id in idle:
+        for sample in idle:
+            sandbox_id = sample.record.sandbox_id
             if self.available() >= reserve:
                 return
             try:

@@ -291,10 +291,10 @@ def test_down_leaves_nothing_behind(cluster: Cluster) -> None:
     qemu = subprocess.run(["pgrep", "-af", "qemu-system"], capture_output=True, text=True).stdout
     assert not any(home in qemu for home in homes), qemu
     netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
-    prefixes = [m.prefix for m in cluster.state.members if m.role == "node"]
-    assert not any(line.startswith(f"{p}-") for p in prefixes for line in netns.splitlines())
     network = cluster.state.network
     nodes = [m for m in cluster.state.members if m.role == "node"]
+    prefixes = [network.node_prefix(m.index) for m in nodes]
+    assert not any(line.startswith(f"{p}-") for p in prefixes for line in netns.splitlines())
     assert not any(network.netns(m.index) in netns for m in nodes), netns
     assert not link_exists(network.bridge)
     for table in ("filter", "nat"):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from agentenv.guest.agent.reclaim import IdleReclaimer
 
 
@@ -49,20 +51,17 @@ async def _drive(proc: FakeProc, reclaimer: IdleReclaimer, busy: list[bool]) -> 
         task.cancel()
 
 
-def test_an_idle_guest_reclaims_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("busy", "written", "reclaims"), [(False, ("3\n", "1\n"), 1), (True, ("", ""), 0)]
+)
+def test_an_idle_guest_reclaims_once_and_a_busy_one_never(
+    tmp_path: Path, busy: bool, written: tuple[str, str], reclaims: int
+) -> None:
     proc = FakeProc(tmp_path)
     reclaimer = IdleReclaimer(idle_after=0.05, sample_every=0.02, proc=tmp_path)
-    asyncio.run(_drive(proc, reclaimer, [False] * 8))
-    assert proc.written() == ("3\n", "1\n")
-    assert reclaimer.reclaims == 1
-
-
-def test_a_busy_guest_is_left_alone(tmp_path: Path) -> None:
-    proc = FakeProc(tmp_path)
-    reclaimer = IdleReclaimer(idle_after=0.05, sample_every=0.02, proc=tmp_path)
-    asyncio.run(_drive(proc, reclaimer, [True] * 8))
-    assert proc.written() == ("", "")
-    assert reclaimer.reclaims == 0
+    asyncio.run(_drive(proc, reclaimer, [busy] * 8))
+    assert proc.written() == written
+    assert reclaimer.reclaims == reclaims
 
 
 def test_use_starts_a_new_idle_period(tmp_path: Path) -> None:

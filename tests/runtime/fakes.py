@@ -147,7 +147,7 @@ class FakeAgent:
             raise self.init_error
 
     async def metrics(self) -> dict[str, Any]:
-        return {"idle_seconds": self.idle_seconds}
+        return {"idle_seconds": self.idle_seconds, "mem_used": 40 << 20}
 
     async def reclaim(self) -> int:
         self.reclaims += 1

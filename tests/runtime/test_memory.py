@@ -20,7 +20,7 @@ from .fakes import FakeAgent, Harness, make_harness
 async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
     harness = await make_harness(tmp_path, monkeypatch)
     # Fake VMs have no /proc entry of their own.
-    monkeypatch.setattr(memory_module, "footprint", lambda pid: Footprint(100, 60))
+    monkeypatch.setattr(memory_module, "footprint", lambda pid: Footprint(100 << 20, 60 << 20))
     yield harness
     await harness.manager.store.close()
 
@@ -60,6 +60,7 @@ async def test_samples_report_host_and_idle_figures(
     await keeper.sample()
     assert set(keeper.latest) == set(agents)
     assert {s.idle_seconds for s in keeper.latest.values()} == {5.0, 40.0}
+    assert {s.guest_used for s in keeper.latest.values()} == {40 << 20}
     assert keeper.held_mb() == 200
 
 
