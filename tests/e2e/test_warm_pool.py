@@ -46,9 +46,11 @@ def test_a_create_takes_a_warm_vm_and_the_pool_refills(fresh_server: LiveServer)
     assert sid in warm  # its VM was already running when the request came
     out, _, code = run(fresh_server, sandbox, "echo $FROM; cat /proc/uptime")
     assert code == 0 and out.splitlines()[0] == "request"
-    # The pool fills up again beside the sandbox.
-    assert wait_for(lambda: len(_warm_ids(fresh_server)) == 2, 120)
-    assert fresh_server.resources().vmms == 3
+    # The pool fills up again beside the sandbox. A refill's work directory appears
+    # before its VMM starts, so wait for both.
+    assert wait_for(
+        lambda: len(_warm_ids(fresh_server)) == 2 and fresh_server.resources().vmms == 3, 120
+    )
     kill(fresh_server, sid)
 
     # Stopped, the server takes its warm VMs with it.
