@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import os
 import re
@@ -14,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from ..crashpoints import crash_point
-from . import guestram, migstream, privram, qemuballoon
+from . import guestram, kernelstub, migstream, privram, qemuballoon
 from .driver import BalloonStats, Launched, PreparedVm, VmHandle, VmmError, VmSpec
 from .qmp import QmpClient
 
@@ -158,7 +159,6 @@ def build_command(
         "-serial", f"file:{workdir / 'console.log'}",
         "-qmp", f"unix:{qmp_socket(spec.name, run_dir)},server=on,wait=off",
         "-kernel", str(spec.kernel),
-        "-initrd", str(spec.initrd),
         "-append", kernel_args(accel, spec.kernel_args, tsc_khz),
         "-device", "virtio-balloon-device,deflate-on-oom=on,free-page-reporting=on",
     ]  # fmt: skip
@@ -184,7 +184,10 @@ def build_command(
         # A file, not a string: the command line is readable by every host user.
         args += ["-fw_cfg", f"name={name},file={path}"]
     if incoming:
+        # A restored guest is past its boot: it needs no initrd (QEMU would hold a copy).
         args += ["-S", "-incoming", "defer"]
+    else:
+        args += ["-initrd", str(spec.initrd)]
     return args
 
 
@@ -368,6 +371,9 @@ class QemuDriver:
         self.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         control = qmp_socket(spec.name, self.run_dir)
         control.unlink(missing_ok=True)
+        if incoming:
+            stub = await asyncio.to_thread(kernelstub.header_only, spec.kernel, self.run_dir)
+            spec = dataclasses.replace(spec, kernel=stub)
         command = build_command(
             self.qemu_binary,
             self.accel,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,7 +15,7 @@ import pytest
 
 from agentenv.runtime.admission import available_memory_mb, total_memory_mb
 
-from ..live import HostResources, LiveServer, wait_for
+from ..live import HostResources, LiveServer, vmm_pid, wait_for
 from .test_sandbox_lifecycle import create, kill, run
 
 pytestmark = pytest.mark.vm
@@ -62,6 +63,21 @@ def test_memory_a_guest_frees_returns_to_the_host(server: LiveServer) -> None:
         assert "Discarding RAM" not in log or "readonly files" not in log
     finally:
         kill(server, sandbox_id)
+
+
+def test_a_restored_vm_holds_no_copy_of_the_kernel(server: LiveServer) -> None:
+    sandbox = create(server)  # restored from the boot snapshot
+    try:
+        pid = vmm_pid(server, sandbox["sandboxID"])
+        assert pid is not None
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        # QEMU reads -kernel and -initrd whole into its memory: a restored guest gets
+        # the kernel's setup header only, and no initrd.
+        assert "-initrd" not in argv and "-incoming" in argv
+        assert Path(argv[argv.index("-kernel") + 1]).stat().st_size < 64 * 1024
+        assert run(server, sandbox, "uname -r")[2] == 0
+    finally:
+        kill(server, sandbox["sandboxID"])
 
 
 def test_a_balloon_takes_memory_from_the_guest_and_gives_it_back(server: LiveServer) -> None:
