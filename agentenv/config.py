@@ -28,6 +28,8 @@ class ServerConfig:
     domain: str = ""
     # Largest control-plane request body (JSON); file transfers to guests are not bounded.
     max_body_bytes: int = 1024 * 1024
+    # Largest archive of a template build's COPY step (the SDKs upload one per step).
+    max_build_file_bytes: int = 2 * 1024**3
     # "all": API, proxy and sandboxes in one process (a single machine). In a cluster:
     # "control" (API and proxy in front of nodes, no sandboxes) or "node" (sandboxes).
     role: str = "all"

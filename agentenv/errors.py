@@ -21,12 +21,20 @@ class Unauthorized(AenvError):
     status = 401
 
 
+class Forbidden(AenvError):
+    status = 403
+
+
 class NotFound(AenvError):
     status = 404
 
 
 class Conflict(AenvError):
     status = 409
+
+
+class TooLarge(AenvError):
+    status = 413
 
 
 class Unavailable(AenvError):

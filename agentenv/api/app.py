@@ -40,7 +40,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
 
     app = FastAPI(title="AgentENV", version="0.1.0", lifespan=lifespan)
     app.state.config = cfg
-    app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes, streamed=(builds.UPLOADS,))
     install_error_handlers(app)
 
     @app.get("/health", tags=["node"])
@@ -64,6 +64,8 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
     protected.include_router(templates.router)
     protected.include_router(builds.router)
     app.include_router(protected)
+    # Signed in their URL, as presigned uploads are: the SDKs send them no API key.
+    app.include_router(builds.uploads)
     return app
 
 

@@ -1,23 +1,29 @@
-"""E2B's template build API (`Template.build` in the SDKs), for templates made from an image.
+"""E2B's template build API (`Template.build` in the SDKs).
 
-The flow: `POST /v3/templates` registers a build, `POST /v2/templates/{id}/builds/{build}`
-starts it (a pull of `fromImage`, or a copy of `fromTemplate`), and the client polls
-`GET /templates/{id}/builds/{build}/status`. Build steps, start and ready commands need a
-build sandbox whose disk is sealed into a template; until that exists they are refused.
+The flow: `POST /v3/templates` registers a build; for each COPY step the SDK asks
+`GET /templates/{id}/files/{hash}` whether the server has its files and, if not, uploads
+them to the signed URL it gets; `POST /v2/templates/{id}/builds/{build}` starts the build
+and the client polls `GET /templates/{id}/builds/{build}/status`. A build from an image
+alone is a pull, one from a template alone a copy; anything with steps, a start or ready
+command, or `base` as parent runs in a build sandbox (`images/stepbuild.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import AenvError, Conflict, InvalidInput
+from ..errors import AenvError, Conflict, Forbidden, InvalidInput, TooLarge
 from ..images.builds import LogLevel
+from ..images.buildsteps import Step, is_files_hash, parse_steps
 from ..images.catalog import BASE
 from ..images.reference import parse_reference
+from ..images.stepbuild import Recipe
 from ..images.templates import validate_name
 from .deps import BuildsDep, CatalogDep, ConfigDep
 from .errors import ERROR_RESPONSES
@@ -125,43 +131,68 @@ async def request_build(
     }
 
 
+class FileUpload(BaseModel):
+    """`TemplateBuildFileUpload`: whether the server has a COPY step's files, and where
+    to upload them if not."""
+
+    present: bool
+    url: str | None = None
+
+
 @router.get("/templates/{template_id}/files/{files_hash}", status_code=201)
 async def file_upload_link(
-    builds: BuildsDep, catalog: CatalogDep, template_id: str, files_hash: str
-) -> None:
-    """Upload links for COPY steps, which cannot be built yet: always refused."""
-    of_template = builds.tracker.of_template(template_id)
-    if not of_template:
+    builds: BuildsDep, catalog: CatalogDep, request: Request, template_id: str, files_hash: str
+) -> FileUpload:
+    """The upload URL for a COPY step's archive, signed for an hour."""
+    if not is_files_hash(files_hash):
+        raise InvalidInput(f"files hash {files_hash!r}: hex digits are required")
+    if not builds.tracker.of_template(template_id):
         await asyncio.to_thread(catalog.templates.get, template_id)
-    message = (
-        "steps: COPY is not supported yet (build steps need build sandboxes); "
-        "bake the files into the image and use from_image"
-    )
-    waiting = [b for b in of_template if b.status == "waiting"]
-    if waiting:
-        # The SDK gives up on this build here; its status should say why.
-        waiting[-1].fail(message)
-    raise InvalidInput(message)
+    present = await asyncio.to_thread(builds.files.present, files_hash)
+    base = str(request.base_url).rstrip("/")
+    url = f"{base}{UPLOADS}{files_hash.lower()}?{builds.files.upload_query(files_hash)}"
+    return FileUpload(present=present, url=url)
+
+
+UPLOADS = "/build-files/"
+uploads = APIRouter(responses=ERROR_RESPONSES)
+
+
+@uploads.put(UPLOADS + "{files_hash}")
+async def upload_files(
+    builds: BuildsDep, cfg: ConfigDep, request: Request, files_hash: str
+) -> Response:
+    """A COPY step's archive, streamed to the object store; the URL's signature is the
+    credential."""
+    query = request.query_params
+    if not builds.files.signed(files_hash, query.get("expires", ""), query.get("signature", "")):
+        raise Forbidden("the upload URL's signature is missing, wrong or expired")
+    limit = cfg.server.max_build_file_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise TooLarge(f"a build's files may have at most {limit} bytes")
+    with tempfile.NamedTemporaryFile(dir=cfg.home, prefix=".upload-") as spool:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise TooLarge(f"a build's files may have at most {limit} bytes")
+            await asyncio.to_thread(spool.write, chunk)
+        await asyncio.to_thread(spool.flush)
+        await asyncio.to_thread(builds.files.put, files_hash, Path(spool.name))
+    return Response(status_code=200)
+
+
+# The E2B base image, as `Template().from_base_image()` names it: here, the `base` template.
+E2B_BASE_IMAGES = ("e2bdev/base", "e2bdev/base:latest", "docker.io/e2bdev/base:latest")
 
 
 def _refusal(body: BuildStart) -> str | None:
     """Why this recipe cannot be built here, naming the field; None if it can."""
-    if body.steps:
-        kinds = ", ".join(dict.fromkeys(str(step.get("type", "?")) for step in body.steps))
-        return (
-            f"steps: build steps are not supported yet (got {kinds}); they need build "
-            "sandboxes. Bake them into the image and use from_image"
-        )
-    for field, value in (("startCmd", body.startCmd), ("readyCmd", body.readyCmd)):
-        if value is not None:
-            return f"{field}: start and ready commands are not supported yet"
     if (body.fromImage is None) == (body.fromTemplate is None):
         return "send exactly one of fromImage and fromTemplate"
-    if body.fromTemplate is not None:
-        if body.fromImageRegistry is not None:
-            return "fromImageRegistry: only applies to fromImage"
-        if body.fromTemplate == BASE:
-            return "fromTemplate: the built-in 'base' template cannot be a parent yet"
+    if body.fromTemplate is not None and body.fromImageRegistry is not None:
+        return "fromImageRegistry: only applies to fromImage"
     if isinstance(body.fromImageRegistry, AwsRegistry):
         return "fromImageRegistry: type 'aws' (ECR) is not supported yet; use type 'registry'"
     return None
@@ -179,27 +210,41 @@ def _credentials(body: BuildStart) -> tuple[str, str] | None:
 
 @router.post("/v2/templates/{template_id}/builds/{build_id}", status_code=202)
 async def start_build(
-    builds: BuildsDep, template_id: str, build_id: str, body: BuildStart
+    builds: BuildsDep, catalog: CatalogDep, template_id: str, build_id: str, body: BuildStart
 ) -> Response:
     """Start a registered build in the background; 202 at once, progress in its status."""
     build = builds.tracker.get(template_id, build_id)
     if build.status != "waiting":
         raise Conflict(f"build '{build_id}' was already started ({build.status})")
     refusal = _refusal(body)
-    if refusal is None and body.fromImage is not None:
+    image = body.fromImage
+    parent = body.fromTemplate
+    if image in E2B_BASE_IMAGES:
+        image, parent = None, BASE
+    steps: list[Step] = []
+    try:
+        steps = parse_steps(body.steps)
+    except AenvError as exc:
+        refusal = refusal or exc.message
+    if refusal is None and image is not None:
         try:
-            parse_reference(body.fromImage)
+            parse_reference(image)
         except AenvError as exc:
             refusal = f"fromImage: {exc.message}"
     if refusal is not None:
         build.fail(refusal)
         raise InvalidInput(refusal)
-    if body.force:
-        build.log("force: layers are content-addressed, so a forced build reuses them too")
-    if body.fromImage is not None:
-        builds.from_image(build, body.fromImage, _credentials(body))
+    stepped = steps or body.startCmd or body.readyCmd or parent == BASE
+    if not stepped and parent is not None:
+        # A template made from steps is a snapshot: one built from it runs in a sandbox.
+        stepped = await asyncio.to_thread(catalog.templates.find, parent) is None
+    if stepped:
+        recipe = Recipe(parent or "", steps, body.startCmd, body.readyCmd, force=bool(body.force))
+        builds.from_steps(build, recipe, image, _credentials(body))
+    elif image is not None:
+        builds.from_image(build, image, _credentials(body))
     else:
-        builds.from_template(build, body.fromTemplate or "")
+        builds.from_template(build, parent or "")
     return Response(status_code=202)
 
 

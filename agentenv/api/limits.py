@@ -84,14 +84,16 @@ EnvVars = Annotated[
 
 class BodyLimit:
     """ASGI middleware: a request body over `max_bytes` gets 413 before it is parsed;
-    bodies are read up to the limit and handed on whole."""
+    bodies are read up to the limit and handed on whole (but those of `streamed` routes)."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(self, app: Any, max_bytes: int, streamed: tuple[str, ...] = ()) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        # Path prefixes whose routes stream their bodies and bound them themselves.
+        self.streamed = streamed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"].startswith(self.streamed):
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from ..images.snapshots import SnapshotRecord, newest_tags, snapshot_names, split_ref
+from ..images.snapshots import SNAPSHOT, SnapshotRecord, newest_tags, snapshot_names, split_ref
 from ..runtime.snapshots import SandboxSnapshots
 from .deps import ConfigDep, SnapshotsDep
 from .errors import ERROR_RESPONSES
@@ -54,7 +54,7 @@ async def list_snapshots(
     nextToken: str | None = None,
 ) -> list[SnapshotInfo]:
     """Every build, oldest first; filtered by source sandbox or by name (`name[:tag]`)."""
-    found = await asyncio.to_thread(snapshots.registry.list)
+    found = [s for s in await asyncio.to_thread(snapshots.registry.list) if s.kind == SNAPSHOT]
     newest = newest_tags(found)
     if sandboxID is not None:
         found = [s for s in found if s.source_sandbox == sandboxID]

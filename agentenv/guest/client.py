@@ -1,17 +1,19 @@
-"""The host's client for the guest agent's plain HTTP endpoints (health, init)."""
+"""The host's client for the guest agent: health, init, and processes it runs for the host."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
 from .agent import init_secret
-from .rpc import EnvelopeDecoder, encode_envelope
+from .rpc import ConnectError, EnvelopeDecoder, encode_envelope, error_from_json
 
 
 class AgentClient:
@@ -99,30 +101,127 @@ class AgentClient:
             response.raise_for_status()
             return response.json()
 
-    async def start_detached(self, argv: list[str], tag: str) -> int:
+    async def write_file(self, path: str, data: bytes, user: str = "root") -> None:
+        """Write `data` to `path` in the guest as `user` (parents are made)."""
+        async with httpx.AsyncClient(
+            base_url=self._base_url, headers=self._headers, timeout=max(self._timeout, 120.0)
+        ) as client:
+            response = await client.post(
+                "/files",
+                params={"path": path, "username": user},
+                content=data,
+                headers={"Content-Type": "application/octet-stream"},
+            )
+            response.raise_for_status()
+
+    async def start_detached(
+        self, argv: list[str], tag: str, *, user: str | None = None, cwd: str | None = None
+    ) -> int:
         """Start a process that outlives this call (the agent keeps it); returns its pid."""
-        message = {"process": {"cmd": argv[0], "args": argv[1:]}, "tag": tag, "stdin": False}
+        async for event in self._start(argv, tag=tag, user=user, cwd=cwd, env=None, timeout=None):
+            if "start" in event:
+                # Leaving now detaches: agent processes survive their stream.
+                return int(event["start"].get("pid", 0))
+        raise ConnectError("internal", f"start {argv[0]}: the agent sent no start event")
+
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        user: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        output: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Run a process to its end, handing each line of its output to `output`; its exit
+        code (-1 when a signal ended it). ConnectError when it cannot start."""
+        lines = _LineSplitter(output)
+        async for event in self._start(
+            argv, tag=None, user=user, cwd=cwd, env=env, timeout=timeout
+        ):
+            data = event.get("data")
+            if data:
+                for stream in ("stdout", "stderr"):
+                    if data.get(stream):
+                        lines.feed(base64.b64decode(data[stream]))
+            end = event.get("end")
+            if end is not None:
+                lines.flush()
+                # Protobuf's JSON leaves a zero exit code out; a signal's end has exited false.
+                return int(end.get("exitCode", 0)) if end.get("exited") else -1
+        raise ConnectError("internal", f"{argv[0]}: the stream ended before the process did")
+
+    async def _start(
+        self,
+        argv: list[str],
+        *,
+        tag: str | None,
+        user: str | None,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        timeout: float | None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of one `process.Process/Start` stream, as they come."""
+        process: dict[str, Any] = {"cmd": argv[0], "args": argv[1:]}
+        if cwd:
+            process["cwd"] = cwd
+        if env:
+            process["envs"] = env
+        message: dict[str, Any] = {"process": process, "stdin": False}
+        if tag:
+            message["tag"] = tag
         headers = {
             **self._headers,
             "Content-Type": "application/connect+json",
             "Connect-Protocol-Version": "1",
         }
+        if user:
+            headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
         decoder = EnvelopeDecoder()
+        # The agent sends keepalives while a process is quiet: the read timeout holds.
+        limits = httpx.Timeout(self._timeout, read=max(self._timeout, 90.0))
         async with (
-            httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client,
+            httpx.AsyncClient(base_url=self._base_url, timeout=limits) as client,
+            asyncio.timeout(timeout),
             client.stream(
                 "POST", "/process.Process/Start", content=encode_envelope(message), headers=headers
             ) as response,
         ):
             if response.status_code != 200:
-                await response.aread()
-                raise httpx.HTTPStatusError(
-                    f"start {argv[0]}: {response.text}", request=response.request, response=response
-                )
+                raise error_from_json(_json_or_text(await response.aread()), response.status_code)
             async for chunk in response.aiter_raw():
                 for envelope in decoder.feed(chunk):
-                    start = envelope.message.get("event", {}).get("start")
-                    if start is not None:
-                        # Leaving now detaches: agent processes survive their stream.
-                        return int(start.get("pid", 0))
-        raise httpx.HTTPError(f"start {argv[0]}: the agent sent no start event")
+                    if envelope.end_stream:
+                        error = envelope.message.get("error")
+                        if error:
+                            raise error_from_json(error)
+                        return
+                    yield envelope.message.get("event", {})
+
+
+def _json_or_text(body: bytes) -> object:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace")
+
+
+class _LineSplitter:
+    """Cuts a byte stream into text lines for a callback (a partial line waits)."""
+
+    def __init__(self, output: Callable[[str], None] | None) -> None:
+        self._output = output
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        if self._output is None:
+            return
+        *whole, self._partial = (self._partial + data).split(b"\n")
+        for line in whole:
+            self._output(line.decode(errors="replace").rstrip("\r"))
+
+    def flush(self) -> None:
+        if self._output is not None and self._partial:
+            self._output(self._partial.decode(errors="replace"))
+        self._partial = b""

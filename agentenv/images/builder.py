@@ -1,4 +1,5 @@
-"""Running template builds: a pull of an image or a copy of a template, in the background.
+"""Running template builds in the background: a pull of an image, a copy of a template, or
+steps run in a build sandbox (`stepbuild.py`).
 
 The API registers and validates a build; this service does the work and records its
 outcome on the `Build`, which clients poll.
@@ -14,12 +15,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..config import Config
-from ..errors import AenvError, InvalidInput
+from ..errors import AenvError, InvalidInput, Unavailable
+from .buildfiles import BuildFiles
 from .builds import Build, BuildTracker
 from .catalog import TemplateCatalog
-from .pull import ImagePuller
+from .pull import ImagePuller, default_name
 from .reference import parse_reference
 from .registry import RegistryClient
+from .stepbuild import BuildHost, Recipe, StepBuild
 from .templates import TemplateRecord
 
 
@@ -27,13 +30,21 @@ class TemplateBuilds:
     """Builds by id, and the tasks running them (held, so they are never collected)."""
 
     def __init__(
-        self, cfg: Config, catalog: TemplateCatalog, puller: ImagePuller, max_vcpus: int
+        self,
+        cfg: Config,
+        catalog: TemplateCatalog,
+        puller: ImagePuller,
+        max_vcpus: int,
+        files: BuildFiles,
     ) -> None:
         self.cfg = cfg
         self.catalog = catalog
         self.puller = puller
         self.max_vcpus = max_vcpus
+        self.files = files
         self.tracker = BuildTracker()
+        # Set by the node once its sandboxes can be made (builds from steps need them).
+        self.host: BuildHost | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     def register(self, template_id: str, vcpus: int | None, memory_mb: int | None) -> Build:
@@ -50,6 +61,16 @@ class TemplateBuilds:
     def from_template(self, build: Build, parent: str) -> None:
         self._start(build, self._copy(build, parent))
 
+    def from_steps(
+        self,
+        build: Build,
+        recipe: Recipe,
+        image: str | None,
+        credentials: tuple[str, str] | None,
+    ) -> None:
+        """Run `recipe` in a build sandbox; `image`, when given, is pulled to be its parent."""
+        self._start(build, self._steps(build, recipe, image, credentials))
+
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
@@ -62,21 +83,48 @@ class TemplateBuilds:
         task.add_done_callback(self._tasks.discard)
 
     async def _pull(self, build: Build, image: str, credentials: tuple[str, str] | None) -> None:
-        progress = build.progress()
-        if credentials is None:
-            record = await asyncio.to_thread(self.puller.pull, image, build.template_id, progress)
-        else:
-            record = await asyncio.to_thread(self._pull_with, image, credentials, build, progress)
+        record = await self._pulled(build, image, build.template_id, credentials)
         sized = _sized(build, record)
         if sized != record:  # the puller saved the record already; only a size changes it
             await asyncio.to_thread(self.catalog.templates.save, sized)
         build.succeed(f"template {record.template_id} ready: {record.source} ({record.digest})")
 
+    async def _pulled(
+        self, build: Build, image: str, name: str, credentials: tuple[str, str] | None
+    ) -> TemplateRecord:
+        progress = build.progress()
+        if credentials is None:
+            return await asyncio.to_thread(self.puller.pull, image, name, progress)
+        return await asyncio.to_thread(self._pull_with, image, name, credentials, progress)
+
+    async def _steps(
+        self,
+        build: Build,
+        recipe: Recipe,
+        image: str | None,
+        credentials: tuple[str, str] | None,
+    ) -> None:
+        if self.host is None:
+            raise Unavailable("template builds from steps need this server's sandboxes")
+        if image is not None:
+            # The image is a template of its own (as `aenv pull` names it), the parent.
+            name = default_name(parse_reference(image))
+            if name == build.template_id:
+                raise InvalidInput(f"the template cannot have its image's name '{name}'")
+            recipe.parent = (await self._pulled(build, image, name, credentials)).template_id
+        templates = self.catalog.templates
+        if await asyncio.to_thread(templates.find, build.template_id) is not None:
+            # A template made from an image alone before: this build replaces it.
+            await asyncio.to_thread(templates.delete, build.template_id)
+        recipe.files = self.files.get
+        snapshot_id = await StepBuild(self.host, build, recipe).run()
+        build.succeed(f"template {build.template_id} ready: build {snapshot_id}")
+
     def _pull_with(
         self,
         image: str,
+        name: str,
         credentials: tuple[str, str],
-        build: Build,
         progress: Callable[[str], None],
     ) -> TemplateRecord:
         """Pull through a client of this build's own, so its credentials reach no other pull."""
@@ -91,7 +139,7 @@ class TemplateBuilds:
         own = copy.copy(self.puller)
         own.registry = registry
         try:
-            return own.pull(image, build.template_id, progress)
+            return own.pull(image, name, progress)
         finally:
             registry.close()
 

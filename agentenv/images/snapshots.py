@@ -45,6 +45,9 @@ class SnapshotRecord:
     base: dict[str, str] = field(default_factory=dict)
     stored: dict[str, str] = field(default_factory=dict)
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
+    # SNAPSHOT (of a sandbox), TEMPLATE (a template built from steps) or BUILD_CACHE (the
+    # disk after one build step); only the first are listed as snapshots.
+    kind: str = "snapshot"
 
     @property
     def created(self) -> datetime:
@@ -60,6 +63,11 @@ class SnapshotRecord:
     @classmethod
     def from_json(cls, data: bytes) -> SnapshotRecord:
         return cls(**json.loads(data))
+
+
+SNAPSHOT = "snapshot"
+TEMPLATE = "template"
+BUILD_CACHE = "buildcache"
 
 
 def split_ref(ref: str) -> tuple[str, str]:

@@ -107,5 +107,12 @@ async def provision_from_checkpoint(
         raise Unavailable(f"sandbox could not start from its checkpoint: {exc}") from exc
     cleanup.push("vm", lambda: manager.driver.stop(handle))
     await manager.save_vm(record, handle, kit)
-    # A new clock reading, entropy of its own, its own access token and env vars.
-    await agent.init(record.env_vars, record.access_token)
+    # A new clock reading, entropy of its own, its own access token and env vars; and
+    # the defaults its template gives (a built template's final ENV, USER and WORKDIR).
+    guest = record.guest
+    await agent.init(
+        {**guest.get("env", {}), **record.env_vars},
+        record.access_token,
+        user=guest.get("user") or None,
+        workdir=guest.get("workdir") or None,
+    )

@@ -60,7 +60,10 @@ class SandboxCreations:
         manager = self.manager
         template = await asyncio.to_thread(manager.catalog.resolve, request.template_id)
         sandbox = manager.cfg.sandbox
-        shape = Shape(template.vcpus or sandbox.vcpus, template.memory_mb or sandbox.memory_mb)
+        shape = Shape(
+            request.vcpus or template.vcpus or sandbox.vcpus,
+            request.memory_mb or template.memory_mb or sandbox.memory_mb,
+        )
         pool = self.pool
         warm = pool.take(template.template_id, shape) if pool is not None else None
         try:

@@ -30,6 +30,7 @@ from ..crashpoints import crash_point
 from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 from ..guest.client import AgentClient
 from ..guest.kit import Kit, guest_args, load_kit
+from ..guest.rpc import ConnectError
 from ..images.catalog import Template, TemplateCatalog
 from ..net.netns import (
     NetworkPlan,
@@ -79,6 +80,9 @@ class CreateRequest:
     allow_internet: bool = True
     secure: bool = False
     pause_after_idle: int = 0
+    # A size of its own (a template build's cpuCount and memoryMB); None: the template's.
+    vcpus: int | None = None
+    memory_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,16 @@ def guest_kernel_args(cfg: Config) -> str:
     net = cfg.net
     # The gateway answers DNS: the namespace forwards it to the configured resolver.
     return guest_args(net.guest_ip, net.guest_prefix, net.guest_gateway, dns=net.guest_gateway)
+
+
+# In a sandbox's guest config, when it was made from a snapshot (its `template_id` then
+# names the snapshot): the template its disk is an overlay of.
+DISK_TEMPLATE = "diskTemplate"
+
+
+def disk_template(record: SandboxRecord) -> str:
+    """The template whose image a sandbox's disk sits on."""
+    return record.guest.get(DISK_TEMPLATE) or record.template_id
 
 
 def new_sandbox_id() -> str:
@@ -430,7 +444,7 @@ class SandboxManager:
         if guest.get("command"):
             try:
                 await agent.start_detached(guest["command"], tag="entrypoint")
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, ConnectError) as exc:
                 # The sandbox is usable without it; the image's command is a convenience.
                 log.warning("sandbox %s: image command failed to start: %s", record.sandbox_id, exc)
 

@@ -17,6 +17,7 @@ from ..control.store import SqlSandboxStore
 from ..errors import Unavailable
 from ..guest.kit import load_kit
 from ..images.builder import TemplateBuilds
+from ..images.buildfiles import BuildFiles
 from ..images.catalog import TemplateCatalog
 from ..images.pull import ImagePuller
 from ..images.registry import RegistryClient
@@ -30,6 +31,7 @@ from ..vmm.accel import AccelChoice, choose_accel
 from ..vmm.qemu import QemuDriver, run_dir_for
 from .admission import committed_by
 from .bootsnap import BootSnapshots, Shape
+from .buildhost import NodeBuildHost
 from .collect import Collector
 from .creation import SandboxCreations
 from .fork import SandboxForks
@@ -82,6 +84,7 @@ class Node:
         self.puller = puller
         self.builds = builds
         self.memory = MemoryKeeper(manager, self.pauses.pause)
+        builds.host = NodeBuildHost(self.creations, snapshots)
         self._stack = stack
 
     @classmethod
@@ -155,7 +158,9 @@ class Node:
         await snapshots.open()
         scanner = asyncio.create_task(uploads.run())
         stack.push_async_callback(_cancelled, scanner)
-        builds = TemplateBuilds(cfg, catalog, puller, manager.capacity.max_vcpus)
+        builds = TemplateBuilds(
+            cfg, catalog, puller, manager.capacity.max_vcpus, BuildFiles(objects)
+        )
         stack.push_async_callback(builds.close)
         nodes = NodeRegistry(store.engine)
         collector = Collector(objects, templates, registry, store, blockd, nodes)

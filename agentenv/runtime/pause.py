@@ -22,7 +22,7 @@ from ..vmm.driver import VmHandle, VmmError
 from .bootsnap import read_init_secret, write_init_secret
 from .cleanup import CleanupStack
 from .lifecycle import Event, allows
-from .manager import FILESYSTEM, FULL, GuestLost, SandboxManager, now
+from .manager import FILESYSTEM, FULL, GuestLost, SandboxManager, disk_template, now
 from .persist import fetch_files
 from .servedram import RamServer
 
@@ -135,7 +135,7 @@ class SandboxPauses:
             write_init_secret(workdir)
         try:
             # Its disk sits on the template's image, served here too from now on.
-            template = await asyncio.to_thread(self.manager.catalog.resolve, record.template_id)
+            template = await asyncio.to_thread(self.manager.catalog.resolve, disk_template(record))
             await asyncio.to_thread(
                 partial(
                     fetch_files,

@@ -15,12 +15,13 @@ import shutil
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
 from ..errors import Conflict, InvalidInput, Unavailable
 from ..images.catalog import BASE, TemplateCatalog
-from ..images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
+from ..images.snapshots import SNAPSHOT, SnapshotRecord, SnapshotRegistry, new_name, new_tag
 from ..images.templates import validate_name
 from ..observe.metrics import timed
 from ..storage.objectstore import ObjectStoreError
@@ -37,7 +38,15 @@ from .checkpoint import (
 )
 from .creation import requested_record
 from .lifecycle import Event, allows
-from .manager import FILESYSTEM, FULL, CreateRequest, SandboxManager, now
+from .manager import (
+    DISK_TEMPLATE,
+    FILESYSTEM,
+    FULL,
+    CreateRequest,
+    SandboxManager,
+    disk_template,
+    now,
+)
 from .pause import SandboxPauses
 from .persist import Uploads, fetch_files
 
@@ -89,9 +98,18 @@ class SandboxSnapshots:
         """Marks a copy fetched from the object store, with the host's boot it was made in."""
         return self.root / _FETCHED / f"{snapshot.name}:{snapshot.tag}"
 
-    async def take(self, sandbox_id: str, name: str | None, memory: bool) -> SnapshotRecord:
+    async def take(
+        self,
+        sandbox_id: str,
+        name: str | None,
+        memory: bool,
+        *,
+        guest: dict[str, Any] | None = None,
+        kind: str = SNAPSHOT,
+    ) -> SnapshotRecord:
         """Snapshot a running sandbox (it runs on) or a paused one (it stays paused) under
-        `name` (a new one if None)."""
+        `name` (a new one if None). `guest` overrides what its sandboxes' guests are given
+        (a template build's final ENV, USER and WORKDIR)."""
         name = validate_name(name) if name else new_name()
         if name == BASE or await asyncio.to_thread(self.catalog.templates.find, name):
             raise Conflict(f"'{name}' names a template that is not a snapshot")
@@ -120,7 +138,7 @@ class SandboxSnapshots:
                     name=name,
                     tag=tag,
                     source_sandbox=source.sandbox_id,
-                    template_id=source.template_id,
+                    template_id=disk_template(source),
                     memory=memory,
                     vcpus=source.vcpus,
                     memory_mb=source.memory_mb,
@@ -128,7 +146,9 @@ class SandboxSnapshots:
                     guest={
                         **source.guest,
                         "env": {**source.guest.get("env", {}), **source.env_vars},
+                        **(guest or {}),
                     },
+                    kind=kind,
                     metadata=dict(source.metadata),
                     size=await asyncio.to_thread(_allocated_bytes, staging),
                     base=dict(source.layers),
@@ -230,7 +250,7 @@ class SandboxSnapshots:
             template_id=snapshot.snapshot_id,
             alias=snapshot.name,
             shape=Shape(snapshot.vcpus, snapshot.memory_mb),
-            guest=snapshot.guest,
+            guest={**snapshot.guest, DISK_TEMPLATE: snapshot.template_id},
             layers=snapshot.stored or snapshot.base,
         )
         return await self.manager.bring_up(

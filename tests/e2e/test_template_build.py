@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from e2b import Sandbox, Template
-from e2b.exceptions import BuildException, FileUploadException
+from e2b.exceptions import BuildException
 from e2b.template.types import TemplateBuildStatus
 
 from ..images.oci_build import LayerBuilder, build_image, build_layer, push_image
@@ -102,26 +102,41 @@ def test_missing_image_is_a_build_error(images: Images) -> None:
         )
 
 
-def test_build_steps_are_refused(images: Images) -> None:
-    with pytest.raises(BuildException, match="400: steps: build steps are not supported"):
-        Template.build(Template().from_image(images.app).run_cmd("echo hi"), alias="built-run")
-    with pytest.raises(BuildException, match="startCmd"):
-        Template.build(
-            Template().from_image(images.app).set_start_cmd("sleep 1", "true"), alias="built-s"
+def test_steps_run_on_a_pulled_image(server: LiveServer, images: Images, tmp_path: Path) -> None:
+    (tmp_path / "note.txt").write_text("copied\n")
+    recipe = (
+        Template(file_context_path=tmp_path)
+        .from_image(images.app)
+        .copy("note.txt", "/srv/")
+        .run_cmd("sha256sum /srv/app/data.bin > /srv/sum", user="root")
+    )
+    Template.build(recipe, "built-steps", cpu_count=1, memory_mb=512)
+    sandbox = Sandbox.create("built-steps")
+    try:
+        out = sandbox.commands.run("cat /srv/note.txt /srv/sum", user="root").stdout.split()
+        assert out[0] == "copied" and out[1] == sha(APP_DATA)
+    finally:
+        sandbox.kill()
+
+
+def test_malformed_steps_are_refused_by_name(server: LiveServer, images: Images) -> None:
+    with server.client() as api:
+        answer = api.post("/v3/templates", json={"name": "built-bad", "cpuCount": 1})
+        build = answer.json()["buildID"]
+        start = api.post(
+            f"/v2/templates/built-bad/builds/{build}",
+            json={"fromImage": images.app, "steps": [{"type": "FROM", "args": ["x"]}]},
         )
+        assert start.status_code == 400
+        assert start.json()["message"].startswith("steps[0].type: 'FROM' is not one of")
+        status = api.get(f"/templates/built-bad/builds/{build}/status").json()
+        assert status["status"] == "error"
 
 
 def test_more_vcpus_than_the_node_has_are_refused(server: LiveServer, images: Images) -> None:
     with pytest.raises(BuildException, match=r"cpuCount: at most \d+ vCPUs here, 16 asked"):
         Template.build(Template().from_image(images.app), alias="built-wide", cpu_count=16)
     assert "built-wide" not in _template_ids(server)
-
-
-def test_copy_steps_are_refused(images: Images, tmp_path: Path) -> None:
-    (tmp_path / "app.txt").write_text("app")
-    recipe = Template(file_context_path=tmp_path).from_image(images.app).copy("app.txt", "/srv/")
-    with pytest.raises(FileUploadException, match="400: steps: COPY is not supported"):
-        Template.build(recipe, alias="built-copy-step")
 
 
 def test_registry_credentials(server: LiveServer, private: str) -> None:

@@ -45,7 +45,8 @@ class AgentState:
             return self.users.default_user()
         user = self.users.lookup(name)
         if user is None:
-            raise ConnectError("invalid_argument", f"user {name!r} not found")
+            # envd's words, which the SDKs and E2B's build errors pass on.
+            raise ConnectError("unauthenticated", f"invalid username: '{name}'")
         return user
 
     def request_user(self, request: web.Request, param: str | None = None) -> User:

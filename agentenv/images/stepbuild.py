@@ -1,0 +1,307 @@
+"""A template built from steps: a build sandbox runs them, then becomes the template.
+
+The build sandbox starts from the parent (an image's template, `base`, or another built
+template). Every step runs in it through its guest agent, as the user and in the
+directory the steps so far set; a start command is left running and its ready command
+polled; then the sandbox is snapshotted with its memory under the template's name, so
+the template's sandboxes resume with everything (the start command too) already there.
+After each step that changes files the disk is kept as a cache entry keyed by the step
+and its parent, and a later build with the same prefix starts from the deepest entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from ..errors import AenvError
+from ..guest.rpc import ConnectError
+from .builds import Build
+from .buildsteps import Step, StepState, step_key
+
+# Where a COPY step's archive waits in the build sandbox while it is unpacked.
+COPY_SPOOL = "/tmp/.aenv-build"
+SHELL = "/bin/bash"
+READY_INTERVAL = 1.0
+
+
+class StepFailed(AenvError):
+    """A step failed in the build sandbox; the message says which and why."""
+
+    status = 400
+
+
+class BuildHost(Protocol):
+    """Build sandboxes on this node (`runtime/buildhost.py`); faked in unit tests."""
+
+    async def create(self, parent: str, vcpus: int | None, memory_mb: int | None) -> str: ...
+
+    async def identity(self, parent: str) -> str:
+        """What `parent` holds now (a rebuilt parent is a new identity); NotFound if none."""
+        ...
+
+    async def run(
+        self,
+        sandbox_id: str,
+        argv: list[str],
+        *,
+        user: str | None,
+        cwd: str | None,
+        env: dict[str, str],
+        output: Callable[[str], None] | None,
+    ) -> int: ...
+
+    async def start(
+        self, sandbox_id: str, argv: list[str], *, user: str | None, cwd: str | None
+    ) -> None: ...
+
+    async def write(self, sandbox_id: str, path: str, data: bytes) -> None: ...
+
+    async def snapshot(self, sandbox_id: str, name: str, state: StepState, memory: bool) -> str:
+        """The snapshot id; the sandbox runs on."""
+        ...
+
+    async def cached(self, key: str) -> tuple[str, StepState] | None:
+        """The cache entry for `key`: a snapshot id and the state it was taken in."""
+        ...
+
+    async def kill(self, sandbox_id: str) -> None: ...
+
+
+@dataclass
+class Recipe:
+    """What to build: the parent, the steps, and the start and ready commands."""
+
+    parent: str
+    steps: list[Step]
+    start_cmd: str | None = None
+    ready_cmd: str | None = None
+    force: bool = False
+    # Seconds the ready command has to succeed.
+    ready_timeout: float = 600.0
+    files: Callable[[str], bytes] = field(default=lambda _hash: b"")
+
+
+def cache_entry_name(key: str) -> str:
+    """The snapshot name a cache entry is kept under."""
+    return f"buildcache-{key[:40]}"
+
+
+class StepBuild:
+    """Runs one recipe for one build on a `BuildHost`."""
+
+    def __init__(self, host: BuildHost, build: Build, recipe: Recipe) -> None:
+        self.host = host
+        self.build = build
+        self.recipe = recipe
+        self._total = len(recipe.steps) + 1
+
+    def _log(self, number: int, text: str) -> None:
+        self.build.log(f"[builder {number}/{self._total}] {text}")
+
+    async def run(self) -> str:
+        """Build, and return the id of the template's snapshot."""
+        recipe = self.recipe
+        build = self.build
+        parent = await self.host.identity(recipe.parent)
+        keys, key = [], f"{parent}:{build.vcpus}:{build.memory_mb}"
+        for step in recipe.steps:
+            key = step_key(key, step)
+            keys.append(key)
+        start, state, origin = await self._deepest_cached(keys)
+        self._log(1, f"FROM {recipe.parent}")
+        sandbox = await self.host.create(origin, build.vcpus, build.memory_mb)
+        try:
+            if state.workdir is None:
+                # Relative paths are under the default user's home until a WORKDIR.
+                state = replace(state, workdir=await self._home(sandbox, state))
+            for index, step in enumerate(recipe.steps):
+                number = index + 2
+                if index < start:
+                    self._log(number, f"CACHED {step.describe()}")
+                    continue
+                self._log(number, step.describe())
+                await self._apply(sandbox, step, state)
+                state = state.after(step)
+                if step.kind in ("COPY", "RUN"):
+                    name = cache_entry_name(keys[index])
+                    await self.host.snapshot(sandbox, name, state, memory=False)
+            await self._start(sandbox, state)
+            return await self.host.snapshot(sandbox, build.template_id, state, memory=True)
+        finally:
+            await self.host.kill(sandbox)
+
+    async def _home(self, sandbox: str, state: StepState) -> str:
+        lines: list[str] = []
+        argv = ["/bin/sh", "-c", "pwd"]
+        code = await self.host.run(
+            sandbox, argv, user=state.user, cwd=None, env={}, output=lines.append
+        )
+        return lines[0] if code == 0 and lines and lines[0].startswith("/") else "/"
+
+    async def _deepest_cached(self, keys: list[str]) -> tuple[int, StepState, str]:
+        """(steps already done, their state, the sandbox origin) for the longest cached
+        prefix not invalidated by a forced step."""
+        recipe = self.recipe
+        usable = 0 if recipe.force else len(keys)
+        for index, step in enumerate(recipe.steps):
+            if step.force:
+                usable = min(usable, index)
+                break
+        for done in range(usable, 0, -1):
+            found = await self.host.cached(keys[done - 1])
+            if found is not None:
+                snapshot_id, state = found
+                return done, state, snapshot_id
+        return 0, StepState(), recipe.parent
+
+    async def _apply(self, sandbox: str, step: Step, state: StepState) -> None:
+        if step.kind == "RUN":
+            user = step.args[1] if len(step.args) > 1 and step.args[1] else state.user
+            await self._run(sandbox, step.args[0], user, state, state.workdir)
+        elif step.kind == "WORKDIR":
+            path = state.resolve(step.args[0])
+            await self._run(sandbox, f"mkdir -p {shlex.quote(path)}", "root", state, "/")
+        elif step.kind == "USER":
+            await self._ensure_user(sandbox, step.args[0], state)
+        elif step.kind == "COPY":
+            await self._copy(sandbox, step, state)
+
+    async def _run(
+        self,
+        sandbox: str,
+        command: str,
+        user: str | None,
+        state: StepState,
+        cwd: str | None,
+        what: str | None = None,
+    ) -> None:
+        """Run `command`; StepFailed says `what` failed (by default, the command)."""
+        what = what or f"run command '{command}'"
+        try:
+            code = await self.host.run(
+                sandbox,
+                [SHELL, "-l", "-c", command],
+                user=user,
+                cwd=cwd,
+                env=state.env,
+                output=self.build.log,
+            )
+        except ConnectError as exc:
+            raise StepFailed(f"failed to {what}: command failed: {exc}") from exc
+        if code != 0:
+            raise StepFailed(f"failed to {what}: exit status {code}")
+
+    async def _ensure_user(self, sandbox: str, user: str, state: StepState) -> None:
+        """USER names an account; one the image lacks is made, as E2B does."""
+        name = shlex.quote(user)
+        script = (
+            f"id -u {name} >/dev/null 2>&1 || useradd -m -s /bin/bash {name} || adduser -D {name}"
+        )
+        await self._run(sandbox, script, "root", state, "/")
+
+    async def _copy(self, sandbox: str, step: Step, state: StepState) -> None:
+        src, dest = step.args[0], step.args[1]
+        owner = step.args[2] if len(step.args) > 2 else ""
+        mode = step.args[3] if len(step.args) > 3 else ""
+        assert step.files_hash is not None  # parse_steps requires it
+        data = await asyncio.to_thread(self.recipe.files, step.files_hash)
+        archive = f"{COPY_SPOOL}/{step.files_hash}.tar"
+        await self.host.write(sandbox, archive, data)
+        target = state.resolve(dest)
+        script = copy_script(archive, src, target, dest.endswith("/"), owner or state.user, mode)
+        await self._run(sandbox, script, "root", state, "/", f"copy '{src}' to '{dest}'")
+
+    async def _start(self, sandbox: str, state: StepState) -> None:
+        """Leave the start command running, then wait until the ready command succeeds."""
+        recipe = self.recipe
+        if recipe.start_cmd:
+            self.build.log(f"Running start command: {recipe.start_cmd}")
+            try:
+                await self.host.start(
+                    sandbox,
+                    [SHELL, "-l", "-c", _with_env(recipe.start_cmd, state.env)],
+                    user=state.user,
+                    cwd=state.workdir,
+                )
+            except ConnectError as exc:
+                raise StepFailed(f"start command failed to start: {exc}") from exc
+        if not recipe.ready_cmd:
+            return
+        self.build.log(f"Waiting for the ready command: {recipe.ready_cmd}")
+        deadline = time.monotonic() + recipe.ready_timeout
+        while True:
+            code = await self.host.run(
+                sandbox,
+                [SHELL, "-l", "-c", recipe.ready_cmd],
+                user=state.user,
+                cwd=state.workdir,
+                env=state.env,
+                output=None,
+            )
+            if code == 0:
+                self.build.log("Template is ready")
+                return
+            if time.monotonic() > deadline:
+                raise StepFailed(
+                    f"ready command '{recipe.ready_cmd}' did not succeed within "
+                    f"{recipe.ready_timeout:.0f} s (last exit status {code})"
+                )
+            await asyncio.sleep(READY_INTERVAL)
+
+
+def _with_env(command: str, env: dict[str, str]) -> str:
+    """`command` with the build's ENV exported first (a detached start takes no env)."""
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    return f"export {exports}; {command}" if exports else command
+
+
+def copy_script(
+    archive: str, src: str, target: str, into_dir: bool, owner: str | None, mode: str
+) -> str:
+    """The shell that unpacks a COPY step's archive and puts what `src` matched at
+    `target`: a single file lands at `target` itself unless it names a directory; else
+    the matched entries go into the directory `target`."""
+    q = shlex.quote
+    lines = [
+        "set -e",
+        f"spool=$(mktemp -d {COPY_SPOOL}/unpack.XXXXXX)",
+        f'tar -xf {q(archive)} -C "$spool"',
+        f"rm -f {q(archive)}",
+        # The archive holds paths relative to the build context; glob them as the SDK did.
+        f'cd "$spool"; set -- {_glob(src)}',
+        'if [ ! -e "$1" ] && [ ! -L "$1" ]; then echo "COPY: nothing matched" >&2; exit 1; fi',
+    ]
+    single_file = f'[ "$#" -eq 1 ] && [ ! -d "$1" ] && {"false" if into_dir else "true"}'
+    lines += [
+        f"if {single_file} && [ ! -d {q(target)} ]; then",
+        f'  mkdir -p "$(dirname {q(target)})"; dest={q(target)}',
+        '  cp -a "$1" "$dest"; placed="$dest"',
+        "else",
+        f"  mkdir -p {q(target)}; placed=",
+        '  for item in "$@"; do',
+        '    if [ -d "$item" ]; then cp -a "$item"/. '
+        + q(target)
+        + '/; else cp -a "$item" '
+        + q(target)
+        + "/; fi",
+        f'    placed="$placed {q(target)}/$(basename "$item")"',
+        "  done",
+        "fi",
+    ]
+    if owner:
+        lines.append(f"chown -R {q(owner)} $placed")
+    if mode:
+        lines.append(f"chmod -R {q(mode)} $placed")
+    lines.append('cd /; rm -rf "$spool"')
+    return "\n".join(lines)
+
+
+def _glob(src: str) -> str:
+    """`src` as a shell word that globs but does not split or expand anything else."""
+    special = set("*?[]")
+    return "".join(c if c in special else shlex.quote(c) for c in src.strip("/")) or "."

@@ -1,0 +1,105 @@
+"""Build sandboxes for template builds from steps, on this node (`images/stepbuild.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ..images.base import load_base_template
+from ..images.buildsteps import StepState
+from ..images.catalog import BASE
+from ..images.snapshots import BUILD_CACHE, TEMPLATE
+from ..images.stepbuild import cache_entry_name
+from .creation import SandboxCreations
+from .manager import CreateRequest
+from .snapshots import SandboxSnapshots
+
+# A build sandbox lives as long as its build; this only bounds a forgotten one.
+BUILD_SANDBOX_TIMEOUT = 6 * 3600
+# Metadata that marks a build sandbox in listings.
+BUILD_LABEL = "aenv.build"
+
+
+class NodeBuildHost:
+    """The `BuildHost` of one node: sandboxes made, driven and snapshotted here."""
+
+    def __init__(self, creations: SandboxCreations, snapshots: SandboxSnapshots) -> None:
+        self.creations = creations
+        self.snapshots = snapshots
+        self.manager = creations.manager
+
+    async def create(self, parent: str, vcpus: int | None, memory_mb: int | None) -> str:
+        request = CreateRequest(
+            template_id=parent,
+            timeout=BUILD_SANDBOX_TIMEOUT,
+            metadata={BUILD_LABEL: parent},
+            vcpus=vcpus,
+            memory_mb=memory_mb,
+        )
+        snapshot = await asyncio.to_thread(self.snapshots.registry.lookup, parent)
+        if snapshot is not None:
+            record = await self.snapshots.create(snapshot, request)
+        else:
+            record = await self.creations.create(request)
+        return record.sandbox_id
+
+    async def identity(self, parent: str) -> str:
+        """What the parent's content is: a snapshot build, an image digest, base's version."""
+        snapshot = await asyncio.to_thread(self.snapshots.registry.lookup, parent)
+        if snapshot is not None:
+            return f"snapshot:{snapshot.snapshot_id}"
+        if parent == BASE:
+            base = load_base_template(self.manager.cfg)
+            return f"base:{base.version if base else 'none'}"
+        record = await asyncio.to_thread(self.snapshots.catalog.templates.get, parent)
+        return f"image:{record.digest}"
+
+    async def run(
+        self,
+        sandbox_id: str,
+        argv: list[str],
+        *,
+        user: str | None,
+        cwd: str | None,
+        env: dict[str, str],
+        output: Callable[[str], None] | None,
+    ) -> int:
+        agent = self.manager.agent(await self.manager.get(sandbox_id))
+        return await agent.run(argv, user=user, cwd=cwd, env=env, output=output)
+
+    async def start(
+        self, sandbox_id: str, argv: list[str], *, user: str | None, cwd: str | None
+    ) -> None:
+        agent = self.manager.agent(await self.manager.get(sandbox_id))
+        await agent.start_detached(argv, tag="start", user=user, cwd=cwd)
+
+    async def write(self, sandbox_id: str, path: str, data: bytes) -> None:
+        agent = self.manager.agent(await self.manager.get(sandbox_id))
+        await agent.write_file(path, data)
+
+    async def snapshot(self, sandbox_id: str, name: str, state: StepState, memory: bool) -> str:
+        guest: dict[str, object] = {}
+        source = await self.manager.get(sandbox_id)
+        guest["env"] = {**source.guest.get("env", {}), **state.env}
+        if state.user:
+            guest["user"] = state.user
+        if state.workdir:
+            guest["workdir"] = state.workdir
+        kind = TEMPLATE if memory else BUILD_CACHE
+        taken = await self.snapshots.take(sandbox_id, name, memory, guest=guest, kind=kind)
+        return taken.snapshot_id
+
+    async def cached(self, key: str) -> tuple[str, StepState] | None:
+        found = await asyncio.to_thread(self.snapshots.registry.lookup, cache_entry_name(key))
+        if found is None or found.kind != BUILD_CACHE:
+            return None
+        guest = found.guest
+        state = StepState(
+            env=dict(guest.get("env", {})),
+            user=guest.get("user") or None,
+            workdir=guest.get("workdir") or None,
+        )
+        return found.snapshot_id, state
+
+    async def kill(self, sandbox_id: str) -> None:
+        await self.manager.kill(sandbox_id)
