@@ -15,8 +15,9 @@ from ..config import Config
 from ..errors import AenvError, Conflict
 from ..images.catalog import BASE, TemplateCatalog
 from ..images.reference import parse_reference
-from ..images.snapshots import split_ref
+from ..images.snapshots import TEMPLATE, SnapshotRecord, SnapshotRegistry, split_ref
 from ..images.templates import TemplateRecord
+from ..runtime.snapshots import SandboxSnapshots
 from .deps import CatalogDep, ConfigDep, PullerDep, SnapshotsDep
 from .errors import ERROR_RESPONSES
 
@@ -64,32 +65,82 @@ def _base_json(cfg: Any) -> dict[str, Any]:
     }
 
 
-async def _all(catalog: TemplateCatalog, cfg: Config) -> list[dict[str, Any]]:
+def built_template_json(build: SnapshotRecord, cfg: Any) -> dict[str, Any]:
+    """E2B's `Template` fields for a template built from steps (its newest build)."""
+    return {
+        "templateID": build.name,
+        "buildID": build.tag,
+        "aliases": [build.name],
+        "names": [build.name],
+        "public": False,
+        "cpuCount": build.vcpus,
+        "memoryMB": build.memory_mb,
+        "diskSizeMB": cfg.sandbox.disk_size_mb,
+        "createdAt": build.created_at,
+        "updatedAt": build.created_at,
+        "buildStatus": "ready",
+        "source": f"steps on {build.template_id}",
+    }
+
+
+def _built(registry: SnapshotRegistry) -> list[SnapshotRecord]:
+    """The newest build of each template built from steps."""
+    newest: dict[str, SnapshotRecord] = {}
+    for record in registry.list():  # oldest first
+        if record.kind == TEMPLATE:
+            newest[record.name] = record
+    return list(newest.values())
+
+
+async def _all(
+    catalog: TemplateCatalog, snapshots: SandboxSnapshots, cfg: Config
+) -> list[dict[str, Any]]:
     records = await asyncio.to_thread(catalog.templates.list)
-    return [_base_json(cfg)] + [template_json(r, cfg) for r in records]
+    built = await asyncio.to_thread(_built, snapshots.registry)
+    return (
+        [_base_json(cfg)]
+        + [template_json(r, cfg) for r in records]
+        + [built_template_json(b, cfg) for b in built]
+    )
 
 
 @router.get("/v2/templates")
-async def list_templates_v2(catalog: CatalogDep, cfg: ConfigDep) -> list[dict[str, Any]]:
-    return await _all(catalog, cfg)
+async def list_templates_v2(
+    catalog: CatalogDep, snapshots: SnapshotsDep, cfg: ConfigDep
+) -> list[dict[str, Any]]:
+    return await _all(catalog, snapshots, cfg)
 
 
 @router.get("/templates")
-async def list_templates(catalog: CatalogDep, cfg: ConfigDep) -> list[dict[str, Any]]:
-    return await _all(catalog, cfg)
+async def list_templates(
+    catalog: CatalogDep, snapshots: SnapshotsDep, cfg: ConfigDep
+) -> list[dict[str, Any]]:
+    return await _all(catalog, snapshots, cfg)
+
+
+async def _built_template(snapshots: SandboxSnapshots, name: str) -> SnapshotRecord | None:
+    """The newest build of `name` when it is a template built from steps."""
+    builds = await asyncio.to_thread(snapshots.registry.builds, name)
+    return builds[-1] if builds and builds[-1].kind == TEMPLATE else None
 
 
 @router.get("/templates/aliases/{alias}")
-async def template_alias(catalog: CatalogDep, alias: str) -> dict[str, Any]:
-    if alias != BASE:
+async def template_alias(
+    catalog: CatalogDep, snapshots: SnapshotsDep, alias: str
+) -> dict[str, Any]:
+    if alias != BASE and await _built_template(snapshots, alias) is None:
         await asyncio.to_thread(catalog.templates.get, alias)
     return {"templateID": alias, "public": alias == BASE}
 
 
 @router.get("/templates/{template_id}")
-async def get_template(catalog: CatalogDep, cfg: ConfigDep, template_id: str) -> dict[str, Any]:
+async def get_template(
+    catalog: CatalogDep, snapshots: SnapshotsDep, cfg: ConfigDep, template_id: str
+) -> dict[str, Any]:
     if template_id == BASE:
         return _base_json(cfg)
+    if (built := await _built_template(snapshots, template_id)) is not None:
+        return built_template_json(built, cfg)
     record = await asyncio.to_thread(catalog.templates.get, template_id)
     return template_json(record, cfg)
 

@@ -87,6 +87,7 @@ class TemplateBuilds:
         sized = _sized(build, record)
         if sized != record:  # the puller saved the record already; only a size changes it
             await asyncio.to_thread(self.catalog.templates.save, sized)
+        await self._retire(build.template_id)
         build.succeed(f"template {record.template_id} ready: {record.source} ({record.digest})")
 
     async def _pulled(
@@ -96,6 +97,11 @@ class TemplateBuilds:
         if credentials is None:
             return await asyncio.to_thread(self.puller.pull, image, name, progress)
         return await asyncio.to_thread(self._pull_with, image, name, credentials, progress)
+
+    async def _retire(self, name: str) -> None:
+        """A template from an image or a copy replaces one built from steps."""
+        if self.host is not None:
+            await self.host.retire(name)
 
     async def _steps(
         self,
@@ -151,6 +157,7 @@ class TemplateBuilds:
             record, template_id=build.template_id, created_at=datetime.now(UTC).isoformat()
         )
         await asyncio.to_thread(templates.save, _sized(build, copied))
+        await self._retire(build.template_id)
         build.succeed(f"template {build.template_id} ready: a copy of {parent}")
 
 

@@ -71,6 +71,10 @@ class BuildHost(Protocol):
 
     async def kill(self, sandbox_id: str) -> None: ...
 
+    async def retire(self, name: str) -> None:
+        """Forget the builds from steps of template `name` (a pull or copy replaced it)."""
+        ...
+
 
 @dataclass
 class Recipe:
@@ -261,7 +265,13 @@ def _with_env(command: str, env: dict[str, str]) -> str:
 
 
 def copy_script(
-    archive: str, src: str, target: str, into_dir: bool, owner: str | None, mode: str
+    archive: str,
+    src: str,
+    target: str,
+    into_dir: bool,
+    owner: str | None,
+    mode: str,
+    spool: str = COPY_SPOOL,
 ) -> str:
     """The shell that unpacks a COPY step's archive and puts what `src` matched at
     `target`: a single file lands at `target` itself unless it names a directory; else
@@ -269,7 +279,7 @@ def copy_script(
     q = shlex.quote
     lines = [
         "set -e",
-        f"spool=$(mktemp -d {COPY_SPOOL}/unpack.XXXXXX)",
+        f"mkdir -p {q(spool)}; spool=$(mktemp -d {q(spool)}/unpack.XXXXXX)",
         f'tar -xf {q(archive)} -C "$spool"',
         f"rm -f {q(archive)}",
         # The archive holds paths relative to the build context; glob them as the SDK did.

@@ -103,3 +103,8 @@ class NodeBuildHost:
 
     async def kill(self, sandbox_id: str) -> None:
         await self.manager.kill(sandbox_id)
+
+    async def retire(self, name: str) -> None:
+        builds = await asyncio.to_thread(self.snapshots.registry.builds, name)
+        if builds and builds[-1].kind == TEMPLATE:
+            await self.snapshots.delete(name)

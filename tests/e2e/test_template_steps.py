@@ -52,6 +52,12 @@ def test_a_template_from_steps_starts_its_sandboxes_ready(
     )
     assert any("RUN cat folder/test.txt" in line for line in logs), logs
     assert "This is a test file." in logs
+    # A template like any other: listed, found by alias; not a snapshot, nor its cache.
+    assert Template.exists("stepped")
+    with server.client() as api:
+        listed = {t["templateID"]: t for t in api.get("/v2/templates").json()}
+        assert listed["stepped"]["memoryMB"] == 512
+        assert api.get("/snapshots").json() == []
 
     sandbox = Sandbox.create("stepped")
     try:

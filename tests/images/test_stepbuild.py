@@ -1,0 +1,247 @@
+"""Template builds from steps against a fake build host: order, users, directories, the
+step cache, failures and readiness; and the COPY script run for real on an SDK archive."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from e2b.template.utils import tar_file_stream
+
+from agentenv.errors import InvalidInput
+from agentenv.guest.rpc import ConnectError
+from agentenv.images.builds import Build
+from agentenv.images.buildsteps import StepState, parse_steps
+from agentenv.images.stepbuild import Recipe, StepBuild, StepFailed, copy_script
+
+
+@dataclass
+class FakeHost:
+    """Records what a build asks of its sandboxes; commands answer from `exits`."""
+
+    exits: dict[str, int] = field(default_factory=dict)
+    calls: list[tuple] = field(default_factory=list)
+    cache: dict[str, tuple[str, StepState]] = field(default_factory=dict)
+    snapshots: list[tuple[str, StepState, bool]] = field(default_factory=list)
+    live: set[str] = field(default_factory=set)
+    ready_after: int = 0
+
+    async def identity(self, parent: str) -> str:
+        return f"image:{parent}"
+
+    async def create(self, parent: str, vcpus: int | None, memory_mb: int | None) -> str:
+        sandbox = f"sbx{len(self.calls)}"
+        self.live.add(sandbox)
+        self.calls.append(("create", parent))
+        return sandbox
+
+    async def run(
+        self,
+        sandbox_id: str,
+        argv: list[str],
+        *,
+        user: str | None,
+        cwd: str | None,
+        env: dict[str, str],
+        output: Callable[[str], None] | None,
+    ) -> int:
+        command = argv[-1]
+        if command == "pwd":
+            assert output is not None
+            output("/home/user")
+            return 0
+        if user == "nobody-here":
+            raise ConnectError("unauthenticated", "invalid username: 'nobody-here'")
+        self.calls.append(("run", command.splitlines()[0], user, cwd, dict(env)))
+        if command == "ready":
+            self.ready_after -= 1
+            return 0 if self.ready_after < 0 else 1
+        return self.exits.get(command, 0)
+
+    async def start(
+        self, sandbox_id: str, argv: list[str], *, user: str | None, cwd: str | None
+    ) -> None:
+        self.calls.append(("start", argv[-1], user, cwd))
+
+    async def write(self, sandbox_id: str, path: str, data: bytes) -> None:
+        self.calls.append(("write", path, data))
+
+    async def snapshot(self, sandbox_id: str, name: str, state: StepState, memory: bool) -> str:
+        self.snapshots.append((name, state, memory))
+        if not memory:
+            self.cache[name.removeprefix("buildcache-")] = (f"{name}:t", state)
+        return f"{name}:t"
+
+    async def cached(self, key: str) -> tuple[str, StepState] | None:
+        return self.cache.get(key[:40])
+
+    async def kill(self, sandbox_id: str) -> None:
+        self.live.discard(sandbox_id)
+
+    async def retire(self, name: str) -> None:
+        self.calls.append(("retire", name))
+
+
+STEPS = [
+    {"type": "COPY", "args": ["app.py", "app/", "", "0755"], "filesHash": "ab12"},
+    {"type": "ENV", "args": ["A", "1", "B", "two words"]},
+    {"type": "WORKDIR", "args": ["/srv"]},
+    {"type": "USER", "args": ["svc"]},
+    {"type": "RUN", "args": ["make"]},
+    {"type": "RUN", "args": ["apt-get update", "root"]},
+]
+
+
+def _build(host: FakeHost, steps: list[dict], **recipe: object) -> tuple[Build, str]:
+    build = Build("b1", "tpl")
+    plan = Recipe("img", parse_steps(steps), files=lambda h: b"archive-" + h.encode(), **recipe)  # type: ignore[arg-type]
+    return build, asyncio.run(StepBuild(host, build, plan).run())
+
+
+def test_steps_run_in_order_as_their_user_in_their_directory() -> None:
+    host = FakeHost()
+    build, snapshot = _build(host, STEPS, start_cmd="serve", ready_cmd="ready")
+    assert snapshot == "tpl:t"
+    runs = [c for c in host.calls if c[0] in ("run", "start", "write")]
+    assert runs[0] == ("write", "/tmp/.aenv-build/ab12.tar", b"archive-ab12")
+    # COPY resolves a relative destination under the default user's home, as root.
+    assert runs[1][1:4] == ("set -e", "root", "/")
+    assert runs[2][1:4] == ("mkdir -p /srv", "root", "/")
+    assert ("run", "make", "svc", "/srv", {"A": "1", "B": "two words"}) in runs
+    assert ("run", "apt-get update", "root", "/srv", {"A": "1", "B": "two words"}) in runs
+    start = next(c for c in runs if c[0] == "start")
+    assert start[2:] == ("svc", "/srv") and start[1].endswith("serve")
+    assert "export A=1 B='two words'" in start[1]
+    # Cache entries after COPY and RUN steps; the template last, with memory.
+    assert [s[2] for s in host.snapshots] == [False, False, False, True]
+    final = host.snapshots[-1][1]
+    assert (final.user, final.workdir, final.env["B"]) == ("svc", "/srv", "two words")
+    assert not host.live
+    assert any(line.message == "[builder 6/7] RUN make" for line in build.logs())
+
+
+def test_a_rebuild_starts_from_the_deepest_cached_step() -> None:
+    host = FakeHost()
+    _build(host, STEPS)
+    host.calls.clear()
+    build, _ = _build(host, STEPS)
+    # Started from the last cache entry, nothing run again.
+    assert host.calls[0][0] == "create" and host.calls[0][1].startswith("buildcache-")
+    assert not [c for c in host.calls if c[0] in ("run", "write")]
+    assert sum("CACHED" in line.message for line in build.logs()) == 6
+    # A changed step and everything after it run again, from the entry before it (only
+    # steps that change files make entries: WORKDIR and USER run again).
+    host.calls.clear()
+    changed = [*STEPS[:4], {"type": "RUN", "args": ["make all"]}, STEPS[5]]
+    _build(host, changed)
+    runs = [c[1] for c in host.calls if c[0] in ("run", "write")]
+    assert runs[0] == "mkdir -p /srv" and runs[-2:] == ["make all", "apt-get update"]
+    # A forced step, or a forced build, runs again from there.
+    host.calls.clear()
+    _build(host, [*STEPS[:5], {**STEPS[5], "force": True}])
+    assert [c[1] for c in host.calls if c[0] == "run"] == ["apt-get update"]
+    host.calls.clear()
+    _build(host, STEPS, force=True)
+    assert host.calls[0] == ("create", "img")
+
+
+def test_a_failing_step_fails_the_build_and_leaves_no_sandbox() -> None:
+    host = FakeHost(exits={"make": 2})
+    with pytest.raises(StepFailed, match="failed to run command 'make': exit status 2"):
+        _build(host, STEPS)
+    assert not host.live
+    unknown = [{"type": "RUN", "args": ["whoami", "nobody-here"]}]
+    with pytest.raises(StepFailed) as caught:
+        _build(host, unknown)
+    assert caught.value.message == (
+        "failed to run command 'whoami': command failed: unauthenticated: invalid username: "
+        "'nobody-here'"
+    )
+    assert not host.live
+
+
+def test_the_ready_command_is_polled_until_it_succeeds_or_times_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("agentenv.images.stepbuild.READY_INTERVAL", 0.0)
+    host = FakeHost(ready_after=3)
+    _build(host, [], start_cmd="serve", ready_cmd="ready")
+    assert sum(c[1] == "ready" for c in host.calls if c[0] == "run") == 4
+    host = FakeHost(ready_after=10**6)
+    with pytest.raises(StepFailed, match="ready command 'ready' did not succeed within 0 s"):
+        _build(host, [], start_cmd="serve", ready_cmd="ready", ready_timeout=0.0)
+    assert not host.live
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ({"type": "FROM", "args": ["x"]}, "steps[0].type: 'FROM' is not one of"),
+        ({"type": "RUN", "args": []}, "steps[0].args: RUN needs 1 non-empty"),
+        ({"type": "ENV", "args": ["A", "1", "B"]}, "steps[0].args: ENV takes key, value"),
+        ({"type": "COPY", "args": ["a", "b"]}, "steps[0].filesHash: COPY needs"),
+        ({"type": "COPY", "args": ["a", "b"], "filesHash": "../x"}, "steps[0].filesHash"),
+        ({"type": "RUN", "args": [1]}, "steps[0].args: a list of strings"),
+    ],
+)
+def test_malformed_steps_are_refused_by_name(step: dict, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_steps([step])
+
+
+def _copied(tmp_path: Path, src: str, dest: str, **options: str) -> Path:
+    """Run the COPY script on the SDK's own archive of `src`; the guest root it wrote."""
+    context = tmp_path / "context"
+    root = Path(tempfile.mkdtemp(dir=tmp_path, prefix="root"))
+    archive = root.with_suffix(".tar")
+    with tar_file_stream(src, str(context), [], False, True) as stream:
+        archive.write_bytes(stream.read())
+    target = str(root / dest) if not dest.startswith("/") else str(root) + dest
+    script = copy_script(
+        str(archive),
+        src,
+        target,
+        dest.endswith("/"),
+        options.get("owner"),
+        options.get("mode", ""),
+        spool=str(root.with_suffix(".spool")),
+    )
+    subprocess.run(["bash", "-c", script], check=True)
+    return root
+
+
+@pytest.fixture
+def context(tmp_path: Path) -> Path:
+    folder = tmp_path / "context" / "folder"
+    folder.mkdir(parents=True)
+    (folder / "test.txt").write_text("test")
+    (folder / "symlink.txt").symlink_to("test.txt")
+    (folder / "sub").mkdir()
+    (folder / "sub" / "deep.txt").write_text("deep")
+    (tmp_path / "context" / "app.py").write_text("app")
+    return tmp_path
+
+
+def test_copy_places_files_as_docker_does(context: Path) -> None:
+    root = _copied(context, "folder/*", "folder")
+    assert (root / "folder" / "test.txt").read_text() == "test"
+    assert (root / "folder" / "symlink.txt").readlink() == Path("test.txt")
+    assert (root / "folder" / "sub" / "deep.txt").read_text() == "deep"
+
+
+def test_copy_of_one_file_to_a_directory_or_a_path(context: Path) -> None:
+    root = _copied(context, "app.py", "/opt/app/", mode="0755")
+    assert (root / "opt" / "app" / "app.py").stat().st_mode & 0o777 == 0o755
+    root = _copied(context, "app.py", "/usr/local/bin/tool")
+    assert (root / "usr" / "local" / "bin" / "tool").read_text() == "app"
+
+
+def test_copy_of_a_directory_puts_its_contents_at_the_destination(context: Path) -> None:
+    root = _copied(context, "folder", "/srv/data")
+    assert (root / "srv" / "data" / "test.txt").read_text() == "test"
+    assert (root / "srv" / "data" / "sub" / "deep.txt").is_file()
