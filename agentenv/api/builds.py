@@ -272,4 +272,6 @@ async def build_status(
     }
     if status == "error":
         info["reason"] = {"message": build.reason or "build failed"}
+        if build.failed_step is not None:
+            info["reason"]["step"] = build.failed_step
     return info

@@ -22,7 +22,7 @@ from .catalog import TemplateCatalog
 from .pull import ImagePuller, default_name
 from .reference import parse_reference
 from .registry import RegistryClient
-from .stepbuild import BuildHost, Recipe, StepBuild
+from .stepbuild import BuildHost, Recipe, StepBuild, StepFailed
 from .templates import TemplateRecord
 
 
@@ -164,6 +164,8 @@ class TemplateBuilds:
 async def _run(build: Build, work: Coroutine[Any, Any, None]) -> None:
     try:
         await work
+    except StepFailed as exc:
+        build.fail(exc.message, exc.step)
     except AenvError as exc:
         build.fail(exc.message)
     except Exception as exc:

@@ -43,6 +43,7 @@ class Build:
     template_id: str
     status: BuildStatus = "waiting"
     reason: str | None = None
+    failed_step: str | None = None
     created_at: str = field(default_factory=_now)
     finished_at: str | None = None
     # Sandbox size the template will carry (E2B's cpuCount/memoryMB), when asked for.
@@ -72,9 +73,11 @@ class Build:
         self.finished_at = _now()
         self.status = "ready"
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, step: str | None = None) -> None:
+        """Failed; `step` is where, as E2B names it ("base", a step's number, "finalize")."""
         self.log(reason, "error")
         self.reason = reason
+        self.failed_step = step
         self.finished_at = _now()
         self.status = "error"
 

@@ -26,13 +26,21 @@ from .buildsteps import Step, StepState, step_key
 # Where a COPY step's archive waits in the build sandbox while it is unpacked.
 COPY_SPOOL = "/tmp/.aenv-build"
 SHELL = "/bin/bash"
-READY_INTERVAL = 1.0
+# As E2B: the ready command is tried every 2 s; a start command alone waits 20 s.
+READY_INTERVAL = 2.0
+DEFAULT_READY = "sleep 20"
+# The user every build's steps start as (made when the image lacks it), as in E2B.
+DEFAULT_USER = "user"
 
 
 class StepFailed(AenvError):
-    """A step failed in the build sandbox; the message says which and why."""
+    """A step failed in the build sandbox; the message says why, `step` where."""
 
     status = 400
+
+    def __init__(self, message: str, step: str | None = None) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class BuildHost(Protocol):
@@ -67,6 +75,10 @@ class BuildHost(Protocol):
 
     async def cached(self, key: str) -> tuple[str, StepState] | None:
         """The cache entry for `key`: a snapshot id and the state it was taken in."""
+        ...
+
+    async def parent_state(self, parent: str) -> StepState | None:
+        """What a template built from steps leaves to builds on it; None for others."""
         ...
 
     async def kill(self, sandbox_id: str) -> None: ...
@@ -118,34 +130,55 @@ class StepBuild:
             keys.append(key)
         start, state, origin = await self._deepest_cached(keys)
         self._log(1, f"FROM {recipe.parent}")
-        sandbox = await self.host.create(origin, build.vcpus, build.memory_mb)
         try:
-            if state.workdir is None:
-                # Relative paths are under the default user's home until a WORKDIR.
-                state = replace(state, workdir=await self._home(sandbox, state))
+            sandbox = await self.host.create(origin, build.vcpus, build.memory_mb)
+        except AenvError as exc:
+            raise StepFailed(exc.message, "base") from exc
+        try:
+            if start == 0:
+                state = await self._first_state(sandbox)
             for index, step in enumerate(recipe.steps):
                 number = index + 2
                 if index < start:
                     self._log(number, f"CACHED {step.describe()}")
                     continue
                 self._log(number, step.describe())
-                await self._apply(sandbox, step, state)
+                try:
+                    await self._apply(sandbox, step, state)
+                except StepFailed as exc:
+                    raise StepFailed(exc.message, str(index + 1)) from exc
                 state = state.after(step)
                 if step.kind in ("COPY", "RUN"):
                     name = cache_entry_name(keys[index])
                     await self.host.snapshot(sandbox, name, state, memory=False)
-            await self._start(sandbox, state)
+            try:
+                await self._start(sandbox, state)
+            except StepFailed as exc:
+                raise StepFailed(exc.message, "finalize") from exc
             return await self.host.snapshot(sandbox, build.template_id, state, memory=True)
         finally:
             await self.host.kill(sandbox)
 
-    async def _home(self, sandbox: str, state: StepState) -> str:
+    async def _first_state(self, sandbox: str) -> StepState:
+        """Where steps start: a built parent's user, directory and env; else, as in E2B,
+        the user `user` (made if the image lacks it) in its home."""
+        state = await self.host.parent_state(self.recipe.parent)
+        if state is None:
+            state = StepState(user=DEFAULT_USER)
+            await self._ensure_user(sandbox, DEFAULT_USER, state)
+        return await self._defaults(sandbox, state)
+
+    async def _defaults(self, sandbox: str, state: StepState) -> StepState:
+        """`state` with the user and directory steps start as when no USER or WORKDIR
+        named them: the sandbox's default user and that user's home."""
         lines: list[str] = []
-        argv = ["/bin/sh", "-c", "pwd"]
+        argv = ["/bin/sh", "-c", "id -un; pwd"]
         code = await self.host.run(
             sandbox, argv, user=state.user, cwd=None, env={}, output=lines.append
         )
-        return lines[0] if code == 0 and lines and lines[0].startswith("/") else "/"
+        if code != 0 or len(lines) < 2 or not lines[1].startswith("/"):
+            raise StepFailed(f"the build sandbox has no usable default user: {lines}")
+        return replace(state, user=state.user or lines[0], workdir=state.workdir or lines[1])
 
     async def _deepest_cached(self, keys: list[str]) -> tuple[int, StepState, str]:
         """(steps already done, their state, the sandbox origin) for the longest cached
@@ -212,12 +245,16 @@ class StepBuild:
         src, dest = step.args[0], step.args[1]
         owner = step.args[2] if len(step.args) > 2 else ""
         mode = step.args[3] if len(step.args) > 3 else ""
+        if not owner:
+            owner = state.user or "root"
+        if ":" not in owner:
+            owner = f"{owner}:{owner}"
         assert step.files_hash is not None  # parse_steps requires it
         data = await asyncio.to_thread(self.recipe.files, step.files_hash)
         archive = f"{COPY_SPOOL}/{step.files_hash}.tar"
         await self.host.write(sandbox, archive, data)
-        target = state.resolve(dest)
-        script = copy_script(archive, src, target, dest.endswith("/"), owner or state.user, mode)
+        target = state.resolve(dest) + ("/" if dest.endswith("/") else "")
+        script = copy_script(archive, src, target, owner, mode)
         await self._run(sandbox, script, "root", state, "/", f"copy '{src}' to '{dest}'")
 
     async def _start(self, sandbox: str, state: StepState) -> None:
@@ -234,14 +271,15 @@ class StepBuild:
                 )
             except ConnectError as exc:
                 raise StepFailed(f"start command failed to start: {exc}") from exc
-        if not recipe.ready_cmd:
+        ready = recipe.ready_cmd or (DEFAULT_READY if recipe.start_cmd else None)
+        if not ready:
             return
-        self.build.log(f"Waiting for the ready command: {recipe.ready_cmd}")
+        self.build.log(f"Waiting for template to be ready: {ready}")
         deadline = time.monotonic() + recipe.ready_timeout
         while True:
             code = await self.host.run(
                 sandbox,
-                [SHELL, "-l", "-c", recipe.ready_cmd],
+                [SHELL, "-l", "-c", ready],
                 user=state.user,
                 cwd=state.workdir,
                 env=state.env,
@@ -252,7 +290,7 @@ class StepBuild:
                 return
             if time.monotonic() > deadline:
                 raise StepFailed(
-                    f"ready command '{recipe.ready_cmd}' did not succeed within "
+                    f"ready command '{ready}' did not succeed within "
                     f"{recipe.ready_timeout:.0f} s (last exit status {code})"
                 )
             await asyncio.sleep(READY_INTERVAL)
@@ -265,53 +303,49 @@ def _with_env(command: str, env: dict[str, str]) -> str:
 
 
 def copy_script(
-    archive: str,
-    src: str,
-    target: str,
-    into_dir: bool,
-    owner: str | None,
-    mode: str,
-    spool: str = COPY_SPOOL,
+    archive: str, src: str, target: str, owner: str, mode: str, spool: str = COPY_SPOOL
 ) -> str:
-    """The shell that unpacks a COPY step's archive and puts what `src` matched at
-    `target`: a single file lands at `target` itself unless it names a directory; else
-    the matched entries go into the directory `target`."""
+    """The shell that unpacks a COPY step's archive and places what `src` names, as E2B
+    does: the archive holds the matched paths under their context-relative names, so the
+    entry is `src` up to its first glob. A file or symlink goes to `target` (inside it
+    when `target` ends in "/"); a directory's contents are merged into `target`."""
     q = shlex.quote
-    lines = [
-        "set -e",
-        f"mkdir -p {q(spool)}; spool=$(mktemp -d {q(spool)}/unpack.XXXXXX)",
-        f'tar -xf {q(archive)} -C "$spool"',
-        f"rm -f {q(archive)}",
-        # The archive holds paths relative to the build context; glob them as the SDK did.
-        f'cd "$spool"; set -- {_glob(src)}',
-        'if [ ! -e "$1" ] && [ ! -L "$1" ]; then echo "COPY: nothing matched" >&2; exit 1; fi',
-    ]
-    single_file = f'[ "$#" -eq 1 ] && [ ! -d "$1" ] && {"false" if into_dir else "true"}'
-    lines += [
-        f"if {single_file} && [ ! -d {q(target)} ]; then",
-        f'  mkdir -p "$(dirname {q(target)})"; dest={q(target)}',
-        '  cp -a "$1" "$dest"; placed="$dest"',
-        "else",
-        f"  mkdir -p {q(target)}; placed=",
-        '  for item in "$@"; do',
-        '    if [ -d "$item" ]; then cp -a "$item"/. '
-        + q(target)
-        + '/; else cp -a "$item" '
-        + q(target)
-        + "/; fi",
-        f'    placed="$placed {q(target)}/$(basename "$item")"',
-        "  done",
-        "fi",
-    ]
-    if owner:
-        lines.append(f"chown -R {q(owner)} $placed")
-    if mode:
-        lines.append(f"chmod -R {q(mode)} $placed")
-    lines.append('cd /; rm -rf "$spool"')
-    return "\n".join(lines)
+    entry = copy_source(src)
+    mode_tree = f'chmod -R {q(mode)} "$entry"' if mode else ":"
+    mode_file = f'[ -L "$entry" ] || chmod {q(mode)} "$entry"' if mode else ":"
+    return "\n".join(
+        [
+            "set -e",
+            f"mkdir -p {q(spool)}; spool=$(mktemp -d {q(spool)}/unpack.XXXXXX)",
+            f'tar -xf {q(archive)} -C "$spool"; rm -f {q(archive)}',
+            f'cd "$spool"; entry={q(entry)}; target={q(target)}',
+            'if [ ! -e "$entry" ] && [ ! -L "$entry" ]; then',
+            f"  echo {q(f'COPY: {entry} is not in the uploaded files')} >&2; exit 1",
+            "fi",
+            'if [ -d "$entry" ] && [ ! -L "$entry" ]; then',
+            f'  chown -R {q(owner)} "$entry"',
+            f"  {mode_tree}",
+            '  mkdir -p "$target"',
+            # tar merges into existing directories and replaces files, as Docker's COPY.
+            '  (cd "$entry" && tar -cf - .) | tar -xf - -C "$target" --keep-directory-symlink'
+            " --no-overwrite-dir",
+            "else",
+            f'  chown -h {q(owner)} "$entry"',
+            f"  {mode_file}",
+            '  case "$target" in */) mkdir -p "$target" ;;',
+            '    *) mkdir -p "$(dirname "$target")" ;; esac',
+            '  mv -f "$entry" "$target"',
+            "fi",
+            'cd /; rm -rf "$spool"',
+        ]
+    )
 
 
-def _glob(src: str) -> str:
-    """`src` as a shell word that globs but does not split or expand anything else."""
-    special = set("*?[]")
-    return "".join(c if c in special else shlex.quote(c) for c in src.strip("/")) or "."
+def copy_source(src: str) -> str:
+    """The path in a COPY archive that `src` names: its components before the first glob."""
+    parts = []
+    for part in src.strip("/").split("/"):
+        if any(c in part for c in "*?[{"):
+            break
+        parts.append(part)
+    return "/".join(parts) or "."

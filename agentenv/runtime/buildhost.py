@@ -8,7 +8,7 @@ from collections.abc import Callable
 from ..images.base import load_base_template
 from ..images.buildsteps import StepState
 from ..images.catalog import BASE
-from ..images.snapshots import BUILD_CACHE, TEMPLATE
+from ..images.snapshots import BUILD_CACHE, TEMPLATE, SnapshotRecord
 from ..images.stepbuild import cache_entry_name
 from .creation import SandboxCreations
 from .manager import CreateRequest
@@ -93,13 +93,11 @@ class NodeBuildHost:
         found = await asyncio.to_thread(self.snapshots.registry.lookup, cache_entry_name(key))
         if found is None or found.kind != BUILD_CACHE:
             return None
-        guest = found.guest
-        state = StepState(
-            env=dict(guest.get("env", {})),
-            user=guest.get("user") or None,
-            workdir=guest.get("workdir") or None,
-        )
-        return found.snapshot_id, state
+        return found.snapshot_id, _state_of(found)
+
+    async def parent_state(self, parent: str) -> StepState | None:
+        found = await asyncio.to_thread(self.snapshots.registry.lookup, parent)
+        return _state_of(found) if found is not None and found.kind == TEMPLATE else None
 
     async def kill(self, sandbox_id: str) -> None:
         await self.manager.kill(sandbox_id)
@@ -108,3 +106,13 @@ class NodeBuildHost:
         builds = await asyncio.to_thread(self.snapshots.registry.builds, name)
         if builds and builds[-1].kind == TEMPLATE:
             await self.snapshots.delete(name)
+
+
+def _state_of(snapshot: SnapshotRecord) -> StepState:
+    """The ENV, USER and WORKDIR a snapshot's sandboxes are given."""
+    guest = snapshot.guest
+    return StepState(
+        env=dict(guest.get("env", {})),
+        user=guest.get("user") or None,
+        workdir=guest.get("workdir") or None,
+    )

@@ -51,8 +51,12 @@ class FakeHost:
         output: Callable[[str], None] | None,
     ) -> int:
         command = argv[-1]
-        if command == "pwd":
+        if command.startswith("id -u user"):
+            self.calls.append(("ensure-user", user))
+            return 0
+        if command == "id -un; pwd":
             assert output is not None
+            output("user")
             output("/home/user")
             return 0
         if user == "nobody-here":
@@ -79,6 +83,9 @@ class FakeHost:
 
     async def cached(self, key: str) -> tuple[str, StepState] | None:
         return self.cache.get(key[:40])
+
+    async def parent_state(self, parent: str) -> StepState | None:
+        return None
 
     async def kill(self, sandbox_id: str) -> None:
         self.live.discard(sandbox_id)
@@ -107,6 +114,8 @@ def test_steps_run_in_order_as_their_user_in_their_directory() -> None:
     host = FakeHost()
     build, snapshot = _build(host, STEPS, start_cmd="serve", ready_cmd="ready")
     assert snapshot == "tpl:t"
+    # Every build first makes sure E2B's default user exists, as root.
+    assert ("ensure-user", "root") in host.calls
     runs = [c for c in host.calls if c[0] in ("run", "start", "write")]
     assert runs[0] == ("write", "/tmp/.aenv-build/ab12.tar", b"archive-ab12")
     # COPY resolves a relative destination under the default user's home, as root.
@@ -152,8 +161,9 @@ def test_a_rebuild_starts_from_the_deepest_cached_step() -> None:
 
 def test_a_failing_step_fails_the_build_and_leaves_no_sandbox() -> None:
     host = FakeHost(exits={"make": 2})
-    with pytest.raises(StepFailed, match="failed to run command 'make': exit status 2"):
+    with pytest.raises(StepFailed, match="failed to run command 'make': exit status 2") as failed:
         _build(host, STEPS)
+    assert failed.value.step == "5"  # E2B's numbering: the SDK points at that call
     assert not host.live
     unknown = [{"type": "RUN", "args": ["whoami", "nobody-here"]}]
     with pytest.raises(StepFailed) as caught:
@@ -169,9 +179,14 @@ def test_the_ready_command_is_polled_until_it_succeeds_or_times_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("agentenv.images.stepbuild.READY_INTERVAL", 0.0)
+    monkeypatch.setattr("agentenv.images.stepbuild.DEFAULT_READY", "ready")
     host = FakeHost(ready_after=3)
     _build(host, [], start_cmd="serve", ready_cmd="ready")
     assert sum(c[1] == "ready" for c in host.calls if c[0] == "run") == 4
+    # A start command alone waits as E2B's does (`sleep 20`, patched here).
+    host = FakeHost()
+    _build(host, [], start_cmd="serve")
+    assert ("run", "ready", "user", "/home/user", {}) in host.calls
     host = FakeHost(ready_after=10**6)
     with pytest.raises(StepFailed, match="ready command 'ready' did not succeed within 0 s"):
         _build(host, [], start_cmd="serve", ready_cmd="ready", ready_timeout=0.0)
@@ -201,13 +216,12 @@ def _copied(tmp_path: Path, src: str, dest: str, **options: str) -> Path:
     archive = root.with_suffix(".tar")
     with tar_file_stream(src, str(context), [], False, True) as stream:
         archive.write_bytes(stream.read())
-    target = str(root / dest) if not dest.startswith("/") else str(root) + dest
+    target = f"{root}/{dest.lstrip('/')}"
     script = copy_script(
         str(archive),
         src,
         target,
-        dest.endswith("/"),
-        options.get("owner"),
+        options.get("owner", "root:root"),
         options.get("mode", ""),
         spool=str(root.with_suffix(".spool")),
     )
@@ -245,3 +259,19 @@ def test_copy_of_a_directory_puts_its_contents_at_the_destination(context: Path)
     root = _copied(context, "folder", "/srv/data")
     assert (root / "srv" / "data" / "test.txt").read_text() == "test"
     assert (root / "srv" / "data" / "sub" / "deep.txt").is_file()
+    # A symlink is placed as a symlink, owned as asked.
+    root = _copied(context, "folder/symlink.txt", "folder/symlink.txt", owner="nobody:nogroup")
+    link = root / "folder" / "symlink.txt"
+    assert link.readlink() == Path("test.txt") and link.lstat().st_uid == 65534
+
+
+def test_copy_of_what_was_not_uploaded_says_so(context: Path, tmp_path: Path) -> None:
+    archive = tmp_path / "files.tar"
+    with tar_file_stream("app.py", str(tmp_path / "context"), [], False, True) as stream:
+        archive.write_bytes(stream.read())
+    script = copy_script(
+        str(archive), "lib/*.py", str(tmp_path / "out"), "root:root", "", str(tmp_path / "s")
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "COPY: lib is not in the uploaded files" in done.stderr
