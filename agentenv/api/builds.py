@@ -23,6 +23,7 @@ from ..images.builds import LogLevel
 from ..images.buildsteps import Step, is_files_hash, parse_steps
 from ..images.catalog import BASE
 from ..images.reference import parse_reference
+from ..images.snapshots import DEFAULT_TAG, validate_tags
 from ..images.stepbuild import Recipe
 from ..images.templates import validate_name
 from .deps import BuildsDep, CatalogDep, ConfigDep
@@ -90,17 +91,20 @@ class BuildStart(BaseModel):
     readyCmd: str | None = None
 
 
-def _template_name(body: TemplateBuildRequest) -> str:
+def _template_name(body: TemplateBuildRequest) -> tuple[str, list[str]]:
+    """The template's name and the tags its build gets (`name:tag` and `tags`, as E2B:
+    `default` when none is given)."""
     if body.name and body.alias and body.name != body.alias:
         raise InvalidInput(f"name {body.name!r} and alias {body.alias!r} differ; send one")
-    name = body.name or body.alias
-    if not name:
+    ref = body.name or body.alias
+    if not ref:
         raise InvalidInput("name: a template name is required")
-    if ":" in name or body.tags:
-        raise InvalidInput("tags: template tags are not supported yet; build without a tag")
+    name, _, tag = ref.partition(":")
     if name == BASE:
         raise Conflict("'base' is the built-in template and cannot be rebuilt")
-    return validate_name(name)
+    tags = [tag] if tag else []
+    tags += body.tags or []
+    return validate_name(name), validate_tags(tags) or [DEFAULT_TAG]
 
 
 @router.post("/v3/templates", status_code=202)
@@ -108,11 +112,12 @@ async def request_build(
     builds: BuildsDep, cfg: ConfigDep, body: TemplateBuildRequest
 ) -> dict[str, Any]:
     """Register a build of a template; it starts when the client sends the recipe."""
-    name = _template_name(body)
+    name, tags = _template_name(body)
     running = [b for b in builds.tracker.of_template(name) if b.status == "building"]
     if running:
         raise Conflict(f"template '{name}' is being built (build {running[-1].build_id})")
     build = builds.register(name, body.cpuCount, body.memoryMB)
+    build.tags = tags
     if body.minFreeDiskMb is not None:
         # Disks have one size per server; say so in the log the SDK shows, not drop it.
         disk = cfg.sandbox.disk_size_mb
@@ -126,7 +131,7 @@ async def request_build(
         "buildID": build.build_id,
         "public": False,
         "names": [name],
-        "tags": [],
+        "tags": tags,
         "aliases": [name],
     }
 
@@ -234,7 +239,9 @@ async def start_build(
     if refusal is not None:
         build.fail(refusal)
         raise InvalidInput(refusal)
-    stepped = steps or body.startCmd or body.readyCmd or parent == BASE
+    # Tagged builds are kept side by side, as builds from steps are (a pull has one).
+    tagged = build.tags != [DEFAULT_TAG]
+    stepped = steps or body.startCmd or body.readyCmd or parent == BASE or tagged
     if not stepped and parent is not None:
         # A template made from steps is a snapshot: one built from it runs in a sandbox.
         stepped = await asyncio.to_thread(catalog.templates.find, parent) is None

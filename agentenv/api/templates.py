@@ -69,7 +69,7 @@ def built_template_json(build: SnapshotRecord, cfg: Any) -> dict[str, Any]:
     """E2B's `Template` fields for a template built from steps (its newest build)."""
     return {
         "templateID": build.name,
-        "buildID": build.tag,
+        "buildID": build.build_uuid,
         "aliases": [build.name],
         "names": [build.name],
         "public": False,

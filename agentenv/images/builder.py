@@ -124,6 +124,7 @@ class TemplateBuilds:
             await asyncio.to_thread(templates.delete, build.template_id)
         recipe.files = self.files.get
         snapshot_id = await StepBuild(self.host, build, recipe).run()
+        await self.host.tag(snapshot_id, build.tags)
         build.succeed(f"template {build.template_id} ready: build {snapshot_id}")
 
     def _pull_with(

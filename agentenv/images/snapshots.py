@@ -1,7 +1,9 @@
 """Snapshots are templates, as in E2B: a name with one build per snapshot taken under it.
 
 A snapshot's id is `name:tag`; `name` and `name:default` mean the name's newest build.
-Records live in the object store next to template records, so every node sees them.
+A build may also carry tags given to it (E2B's template tags: `name:v1` names the build
+tagged `v1`; a `default` tag, once given, is what `name` means). Records live in the
+object store next to template records, so every node sees them.
 """
 
 from __future__ import annotations
@@ -9,15 +11,18 @@ from __future__ import annotations
 import json
 import secrets
 import string
+import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ..errors import NotFound
+from ..errors import InvalidInput, NotFound
 from ..storage.objectstore import ObjectNotFound, ObjectStore
 from .templates import valid_name
 
 DEFAULT_TAG = "default"
+# Build UUIDs are version-5 UUIDs of snapshot ids in this namespace.
+_BUILD_NAMESPACE = uuid.UUID("6f1c1d0e-2b47-4d55-9a57-3f0e4b0a7c21")
 _ALPHABET = string.ascii_lowercase + string.digits
 
 
@@ -57,6 +62,11 @@ class SnapshotRecord:
     def snapshot_id(self) -> str:
         return f"{self.name}:{self.tag}"
 
+    @property
+    def build_uuid(self) -> str:
+        """The build as E2B names builds (a UUID), derived from its id."""
+        return str(uuid.uuid5(_BUILD_NAMESPACE, self.snapshot_id))
+
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1).encode()
 
@@ -68,6 +78,29 @@ class SnapshotRecord:
 SNAPSHOT = "snapshot"
 TEMPLATE = "template"
 BUILD_CACHE = "buildcache"
+
+
+def validate_tags(tags: list[str]) -> list[str]:
+    """Tags as E2B takes them (trimmed, lower case), each once; InvalidInput otherwise."""
+    clean: list[str] = []
+    for raw in tags:
+        tag = raw.strip().lower()
+        if not valid_name(tag) or _is_uuid(tag):
+            raise InvalidInput(
+                f"tag {raw!r}: 1-63 of a-z, 0-9, '.', '_', '-', starting with a letter or "
+                "digit (and not a UUID: those name builds)"
+            )
+        if tag not in clean:
+            clean.append(tag)
+    return clean
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return len(text) == 36
 
 
 def split_ref(ref: str) -> tuple[str, str]:
@@ -88,6 +121,10 @@ def _key(name: str, tag: str) -> str:
     return f"snapshots/{name}/{tag}.json"
 
 
+def _tag_key(name: str, tag: str) -> str:
+    return f"snapshot-tags/{name}/{tag}.json"
+
+
 class SnapshotRegistry:
     """Snapshot records by name and tag; blocking, like the object store under it."""
 
@@ -106,36 +143,60 @@ class SnapshotRegistry:
 
     def find(self, ref: str) -> SnapshotRecord | None:
         name, tag = split_ref(ref)
-        if tag == DEFAULT_TAG:
-            builds = self.builds(name)
-            return builds[-1] if builds else None
         if not (valid_name(name) and valid_name(tag)):
             return None
         try:
             return SnapshotRecord.from_json(self._store.get(_key(name, tag)))
         except ObjectNotFound:
-            return None
+            pass
+        tagged = self._tagged(name, tag)
+        if tagged is not None or tag != DEFAULT_TAG:
+            return tagged
+        builds = self.builds(name)
+        return builds[-1] if builds else None
 
     def lookup(self, ref: str) -> SnapshotRecord | None:
         """The snapshot `ref` names; None when its name is not a snapshot's (it may be an
-        image's), NotFound when the name is a snapshot's but has no such build. One
-        listing of the name: every create asks."""
-        name, tag = split_ref(ref)
-        if not valid_name(name):
+        image's), NotFound when the name is a snapshot's but has no such build."""
+        name, _ = split_ref(ref)
+        if not valid_name(name) or not self._store.list(f"snapshots/{name}/"):
             return None
-        keys = self._store.list(f"snapshots/{name}/")
-        if not keys:
+        found = self.find(ref)
+        if found is None:
+            raise NotFound(f"snapshot {ref!r} not found")
+        return found
+
+    def _tagged(self, name: str, tag: str) -> SnapshotRecord | None:
+        """The build tag `tag` was given to, if any."""
+        try:
+            build = json.loads(self._store.get(_tag_key(name, tag)))["build"]
+            return SnapshotRecord.from_json(self._store.get(_key(name, build)))
+        except (ObjectNotFound, KeyError, ValueError):
             return None
-        if tag == DEFAULT_TAG:
-            builds = _oldest_first(self._load(keys))
-            if builds:
-                return builds[-1]
-        elif _key(name, tag) in keys:
+
+    def tag(self, record: SnapshotRecord, tags: list[str]) -> None:
+        """Give `tags` to the build `record` (each moves from any build that had it)."""
+        for tag in tags:
+            entry = {"build": record.tag, "createdAt": datetime.now(UTC).isoformat()}
+            self._store.put(_tag_key(record.name, tag), json.dumps(entry).encode())
+
+    def untag(self, name: str, tags: list[str]) -> None:
+        for tag in tags:
+            self._store.delete(_tag_key(name, tag))
+
+    def tags(self, name: str) -> list[tuple[str, SnapshotRecord, str]]:
+        """(tag, build, when given) of every tag of `name`, oldest given first."""
+        found = []
+        for key in self._store.list(f"snapshot-tags/{name}/"):
+            tag = key.rsplit("/", 1)[1].removesuffix(".json")
             try:
-                return SnapshotRecord.from_json(self._store.get(_key(name, tag)))
-            except ObjectNotFound:
-                pass  # deleted meanwhile
-        raise NotFound(f"snapshot {ref!r} not found")
+                when = json.loads(self._store.get(key))["createdAt"]
+            except (ObjectNotFound, KeyError, ValueError):
+                continue
+            record = self._tagged(name, tag)
+            if record is not None:
+                found.append((tag, record, when))
+        return sorted(found, key=lambda item: item[2])
 
     def get(self, ref: str) -> SnapshotRecord:
         record = self.find(ref)
@@ -156,6 +217,9 @@ class SnapshotRegistry:
             if not gone:
                 raise NotFound(f"snapshot {ref!r} not found")
         for record in gone:
+            for tag, tagged, _ in self.tags(record.name):
+                if tagged.tag == record.tag:
+                    self._store.delete(_tag_key(record.name, tag))
             self._store.delete(_key(record.name, record.tag))
         return gone
 

@@ -83,6 +83,10 @@ class BuildHost(Protocol):
 
     async def kill(self, sandbox_id: str) -> None: ...
 
+    async def tag(self, snapshot_id: str, tags: list[str]) -> None:
+        """Give the build `snapshot_id` the template tags `tags`."""
+        ...
+
     async def retire(self, name: str) -> None:
         """Forget the builds from steps of template `name` (a pull or copy replaced it)."""
         ...

@@ -102,6 +102,11 @@ class NodeBuildHost:
     async def kill(self, sandbox_id: str) -> None:
         await self.manager.kill(sandbox_id)
 
+    async def tag(self, snapshot_id: str, tags: list[str]) -> None:
+        registry = self.snapshots.registry
+        build = await asyncio.to_thread(registry.get, snapshot_id)
+        await asyncio.to_thread(registry.tag, build, tags)
+
     async def retire(self, name: str) -> None:
         builds = await asyncio.to_thread(self.snapshots.registry.builds, name)
         if builds and builds[-1].kind == TEMPLATE:

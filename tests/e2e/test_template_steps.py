@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from e2b import Sandbox, Template, wait_for_port
-from e2b.exceptions import BuildException
+from e2b.exceptions import BuildException, SandboxException
 
 from ..live import LiveServer
 
@@ -108,3 +108,31 @@ def test_a_failing_step_fails_the_build_with_its_reason(server: LiveServer) -> N
     # No build sandbox is left behind.
     with server.client() as api:
         assert api.get("/v2/sandboxes").json() == []
+
+
+def test_tags_name_builds(server: LiveServer) -> None:
+    for version in ("1", "2"):
+        recipe = Template().from_template("base").run_cmd(f"echo {version} > version")
+        info = Template.build(recipe, f"tagged:v{version}", cpu_count=1, memory_mb=512)
+        assert info.tags == [f"v{version}"]
+
+    def version(ref: str) -> str:
+        sandbox = Sandbox.create(ref)
+        try:
+            return sandbox.commands.run("cat version").stdout.strip()
+        finally:
+            sandbox.kill()
+
+    assert (version("tagged:v1"), version("tagged:v2")) == ("1", "2")
+    assigned = Template.assign_tags("tagged:v1", ["prod", "default"])
+    assert assigned.build_id and sorted(assigned.tags) == ["default", "prod"]
+    assert version("tagged:prod") == "1"
+    assert version("tagged") == "1"  # `default` now names v1, though v2 is newer
+    assert {t.tag for t in Template.get_tags("tagged")} == {"v1", "v2", "prod", "default"}
+    Template.remove_tags("tagged", "prod")
+    with pytest.raises(SandboxException, match="404"):
+        Sandbox.create("tagged:prod")
+    with pytest.raises(Exception, match="400"):
+        Template.assign_tags("tagged:v1", ":invalid-tag")
+    with pytest.raises(Exception, match="400"):
+        Template.assign_tags("tagged:", "x")

@@ -79,3 +79,31 @@ def test_delete_one_build_or_every_build(registry: SnapshotRegistry) -> None:
     with pytest.raises(NotFound):
         registry.delete("web")
     assert [r.snapshot_id for r in registry.list()] == [other.snapshot_id]
+
+
+def test_tags_name_builds_and_a_default_tag_outranks_the_newest(
+    registry: SnapshotRegistry,
+) -> None:
+    v1 = _build("app", "2026-01-01T00:00:00+00:00")
+    v2 = _build("app", "2026-01-02T00:00:00+00:00")
+    registry.save(v1)
+    registry.save(v2)
+    registry.tag(v1, ["v1", "default"])
+    registry.tag(v2, ["v2"])
+    assert registry.get("app:v1").tag == v1.tag and registry.lookup("app:v2").tag == v2.tag
+    # A given `default` tag wins over "the newest build".
+    assert registry.get("app").tag == v1.tag
+    with pytest.raises(NotFound):
+        registry.lookup("app:v3")
+    # A tag moves when given again; tags of a deleted build go with it.
+    registry.tag(v2, ["v1"])
+    assert registry.get("app:v1").tag == v2.tag
+    assert [(t, b.tag) for t, b, _ in registry.tags("app")] == [
+        ("default", v1.tag),
+        ("v2", v2.tag),
+        ("v1", v2.tag),
+    ]
+    registry.delete(v2.snapshot_id)
+    assert [t for t, _, _ in registry.tags("app")] == ["default"]
+    registry.untag("app", ["default"])
+    assert registry.tags("app") == [] and registry.get("app").tag == v1.tag
