@@ -112,6 +112,11 @@ class ApiClient(_Base):
         resp = self._call(method, path)
         return resp.json() if resp.content else None
 
+    def post_json(self, path: str, body: dict[str, Any]) -> Any:
+        """A POST with a JSON body; its JSON answer (None when it has none)."""
+        resp = self._call("POST", path, json=body)
+        return resp.json() if resp.content else None
+
     def list_templates(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v2/templates").json()
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import httpx
 
-from agentenv.cli import cluster, commands, doctor, files, host, snapshots, templates
+from agentenv.cli import build, cluster, commands, doctor, files, host, snapshots, templates
 from agentenv.cli.client import ApiError, ServerUnreachable
 from agentenv.cli.context import CliError, Context
 from agentenv.guest.rpc import ConnectError
@@ -121,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "pull", templates.cmd_pull, "pull an OCI image into a template")
     p.add_argument("image", metavar="REF", help="image reference, e.g. ubuntu:22.04")
     p.add_argument("--name", help="template name (default: from the reference)")
+
+    p = _add(sub, "build", build.cmd_build, "build a template from a Dockerfile's steps")
+    p.add_argument("--name", required=True, help="template name, or name:tag")
+    p.add_argument("-f", "--file", default="Dockerfile", help="default: ./Dockerfile")
+    p.add_argument("--context", help="directory COPY reads from (default: the Dockerfile's)")
+    p.add_argument("--cpu", type=int, help="vCPUs of its sandboxes")
+    p.add_argument("--memory", type=int, metavar="MB", help="memory of its sandboxes")
+    p.add_argument("--ready-cmd", help="what must succeed before it is ready (with CMD)")
+    p.add_argument("--no-cache", action="store_true", help="run every step again")
 
     snap = sub.add_parser("snapshot", help="snapshots", description="snapshots")
     snap_sub = snap.add_subparsers(dest="snapshot_command", metavar="COMMAND", required=True)

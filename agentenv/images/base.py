@@ -21,14 +21,21 @@ __all__ = ["BaseTemplate", "build_base_template", "load_base_template"]
 
 # Bump when the builder's output changes for the same inputs.
 BASE_FORMAT = 1
+# What agents reach for in E2B's base image: a shell and core tools, Python with pip and
+# venv (`python` too), git, curl and wget.
 BASE_PACKAGES = (
     "bash",
     "coreutils",
     "procps",
     "python3",
+    "python3-pip",
+    "python3-venv",
+    "python-is-python3",
+    "git",
     "ca-certificates",
     "sudo",
     "curl",
+    "wget",
     "iproute2",
     "less",
 )

@@ -4,13 +4,15 @@ behind its ready check, and a rebuild served from the step cache."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 from e2b import Sandbox, Template, wait_for_port
 from e2b.exceptions import BuildException, SandboxException
 
-from ..live import LiveServer
+from ..live import AENV, TEST_KEY, LiveServer
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
 
@@ -136,3 +138,49 @@ def test_tags_name_builds(server: LiveServer) -> None:
         Template.assign_tags("tagged:v1", ":invalid-tag")
     with pytest.raises(Exception, match="400"):
         Template.assign_tags("tagged:", "x")
+
+
+DOCKERFILE = """\
+FROM e2bdev/base
+ARG PORT=8080
+ENV SITE=/srv/www
+COPY site/ $SITE/
+RUN test -r $SITE/index.html
+WORKDIR $SITE
+CMD python3 -m http.server $PORT
+"""
+
+
+def test_aenv_builds_a_dockerfile_and_the_sdk_parses_one(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("from a Dockerfile\n")
+    (tmp_path / "Dockerfile").write_text(DOCKERFILE)
+    env = {**os.environ, "AENV_API_URL": server.url, "AENV_API_KEY": TEST_KEY}
+    built = subprocess.run(
+        [AENV, "build", "-f", str(tmp_path / "Dockerfile"), "--name", "from-docker",
+         "--memory", "512", "--cpu", "1", "--ready-cmd", "curl -sf localhost:8080"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    assert built.stdout == "from-docker\n"
+    # RUN keeps $SITE for its shell; COPY and WORKDIR take it from ENV, as in Docker.
+    assert "[builder 4/5] RUN test -r $SITE/index.html" in built.stderr, built.stderr
+    assert "[builder 3/5] COPY site/ /srv/www/" in built.stderr
+    sandbox = Sandbox.create("from-docker")
+    try:
+        assert sandbox.commands.run("curl -s localhost:8080").stdout == "from a Dockerfile\n"
+    finally:
+        sandbox.kill()
+
+    # The SDK's own Dockerfile parser sends the same kind of steps.
+    recipe = Template(file_context_path=str(tmp_path)).from_dockerfile(
+        "FROM e2bdev/base\nCOPY site/index.html /srv/index.html\nRUN test -s /srv/index.html"
+    )
+    Template.build(recipe, "sdk-docker", cpu_count=1, memory_mb=512)
+    sandbox = Sandbox.create("sdk-docker")
+    try:
+        assert sandbox.commands.run("cat /srv/index.html").stdout == "from a Dockerfile\n"
+    finally:
+        sandbox.kill()
