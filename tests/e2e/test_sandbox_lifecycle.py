@@ -104,6 +104,19 @@ def test_create_exec_files_delete(server: LiveServer) -> None:
     assert server.resources() == before
 
 
+def test_base_carries_what_agents_use(server: LiveServer) -> None:
+    sandbox = create(server)
+    try:
+        script = (
+            "git --version && python --version && pip --version && wget --version | head -1 "
+            "&& python -m venv /tmp/venv && sudo -n true && echo ok"
+        )
+        out, err, code = run(server, sandbox, script)
+        assert code == 0 and out.splitlines()[-1] == "ok", (out, err)
+    finally:
+        kill(server, sandbox["sandboxID"])
+
+
 def test_timeout_expiry_kills(server: LiveServer) -> None:
     before = server.resources()
     sandbox = create(server, timeout=2)
