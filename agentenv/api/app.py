@@ -82,4 +82,8 @@ def create_app(cfg: Config) -> Any:
         node: Node | None = getattr(api.state, "node", None)
         return node.manager.route(sandbox_id) if node else None
 
-    return RequestIds(SandboxProxy(api, resolve, cfg.server.domain))
+    async def wake(sandbox_id: str) -> Route | None:
+        node: Node | None = getattr(api.state, "node", None)
+        return await node.pauses.wake_on_traffic(sandbox_id) if node else None
+
+    return RequestIds(SandboxProxy(api, resolve, cfg.server.domain, wake))

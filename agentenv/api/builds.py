@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -282,3 +283,34 @@ async def build_status(
         if build.failed_step is not None:
             info["reason"]["step"] = build.failed_step
     return info
+
+
+@router.get("/templates/{template_id}/builds/{build_id}/logs")
+async def build_logs(
+    builds: BuildsDep,
+    template_id: str,
+    build_id: str,
+    cursor: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=0, le=100)] = 100,
+    direction: Literal["forward", "backward"] = "forward",
+    level: LogLevel | None = None,
+    source: Literal["temporary", "persistent"] | None = None,
+) -> dict[str, Any]:
+    """`TemplateBuildLogsResponse`: log lines from `cursor` (ms since the epoch) on, or
+    back from it, newest first. Builds are kept in memory: `source` changes nothing."""
+    lines = builds.tracker.get(template_id, build_id).logs(level)
+    stamped = [(_epoch_ms(line.timestamp), line) for line in lines]
+    if direction == "forward":
+        chosen = [line for ms, line in stamped if cursor is None or ms >= cursor]
+    else:
+        chosen = [line for ms, line in reversed(stamped) if cursor is None or ms <= cursor]
+    return {
+        "logs": [
+            {"timestamp": line.timestamp, "level": line.level, "message": line.message}
+            for line in chosen[:limit]
+        ]
+    }
+
+
+def _epoch_ms(timestamp: str) -> int:
+    return int(datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() * 1000)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import parse_qsl, unquote
@@ -102,8 +103,10 @@ async def _template_for(node: Node, name: str) -> str:
 
 async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
     cfg = node.cfg
-    if body.autoResume and body.autoResume.enabled:
-        raise InvalidInput("autoResume is not supported yet")
+    auto_resume = bool(body.autoResume and body.autoResume.enabled)
+    if auto_resume and not body.autoPauseMemory:
+        # A filesystem-only pause has no running state for traffic to wake (E2B's rule).
+        raise InvalidInput("autoResume needs autoPauseMemory: a paused disk cannot be woken")
     request = CreateRequest(
         template_id=body.templateID,
         timeout=cfg.sandbox.default_timeout if body.timeout is None else body.timeout,
@@ -114,6 +117,7 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
         allow_internet=body.allow_internet_access,
         secure=secure,
         pause_after_idle=body.pauseAfterIdle,
+        auto_resume=auto_resume,
     )
     # A snapshot's id (`name:tag`) looks like an image reference: snapshots come first.
     snapshot = await asyncio.to_thread(node.snapshots.registry.lookup, body.templateID)
@@ -189,7 +193,9 @@ def sandbox_detail(record: SandboxRecord, domain: str | None) -> SandboxDetail:
         envdAccessToken=record.access_token,
         allowInternetAccess=record.allow_internet,
         domain=domain,
-        lifecycle=Lifecycle(autoResume=False, onTimeout="pause" if record.auto_pause else "kill"),
+        lifecycle=Lifecycle(
+            autoResume=record.auto_resume, onTimeout="pause" if record.auto_pause else "kill"
+        ),
         pauseMode=record.pause_mode if paused else None,
         storage=("stored" if record.stored else "uploading") if paused else None,
     )
@@ -333,27 +339,30 @@ async def fork_sandbox(
 async def sandbox_metrics(
     node: NodeDep, sandbox_id: str, start: int | None = None, end: int | None = None
 ) -> list[SandboxMetric]:
-    """The current sample (no history is kept yet), if it falls in [start, end]."""
-    sample = await node.manager.metrics(sandbox_id)
-    if sample is None:
-        return []
-    host = await node.memory.host_footprint(sandbox_id)
-    ts = int(sample["ts"])
-    if (start is not None and ts < start) or (end is not None and ts > end):
-        return []
+    """The guest's samples with `start <= timestamp <= end` (seconds), oldest first: those
+    the node took (`runtime/metricshistory.py`), and one taken now when the range reaches
+    the present and the sandbox runs. `hostMemUsed` is the present's."""
+    manager = node.manager
+    if end is None or end >= time.time() - 1:
+        await manager.metrics(sandbox_id)  # recorded; None (and nothing) when not running
+    else:
+        await manager.get(sandbox_id)  # 404 for an unknown sandbox, as with a fresh sample
+    samples = manager.metrics_history.between(sandbox_id, start, end)
+    host = await node.memory.host_footprint(sandbox_id) if samples else None
     return [
         SandboxMetric(
-            timestamp=datetime.fromtimestamp(ts, UTC),
-            timestampUnix=ts,
-            cpuCount=sample["cpu_count"],
-            cpuUsedPct=sample["cpu_used_pct"],
-            memUsed=sample["mem_used"],
-            memTotal=sample["mem_total"],
-            memCache=sample.get("mem_cache", 0),
-            diskUsed=sample["disk_used"],
-            diskTotal=sample["disk_total"],
+            timestamp=datetime.fromtimestamp(int(s["ts"]), UTC),
+            timestampUnix=int(s["ts"]),
+            cpuCount=s["cpu_count"],
+            cpuUsedPct=s["cpu_used_pct"],
+            memUsed=s["mem_used"],
+            memTotal=s["mem_total"],
+            memCache=s.get("mem_cache", 0),
+            diskUsed=s["disk_used"],
+            diskTotal=s["disk_total"],
             hostMemUsed=host.pss if host is not None else None,
         )
+        for s in samples
     ]
 
 

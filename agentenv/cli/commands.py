@@ -129,8 +129,14 @@ def cmd_cn(ctx: Context, args: argparse.Namespace) -> int:
 def exec_request(
     command: list[str], envs: dict[str, str], cwd: str | None = None
 ) -> dict[str, object]:
-    """The `Start` body for a one-shot `bash -l -c` command without stdin."""
-    process: dict[str, object] = {"cmd": "/bin/bash", "args": bash_args(command), "envs": envs}
+    """The `Start` body for a one-shot command without stdin: one argument is a script for
+    `bash -l -c` (`sh` where the image has no bash); several are run as they are, with no
+    shell, as `docker exec` does (so images without any shell work too)."""
+    if len(command) == 1:
+        process: dict[str, object] = {"cmd": "/bin/bash", "args": bash_args(command[0])}
+    else:
+        process = {"cmd": command[0], "args": command[1:]}
+    process["envs"] = envs
     if cwd:
         process["cwd"] = cwd
     return {"process": process, "stdin": False}

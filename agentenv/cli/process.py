@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import shlex
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -49,11 +48,8 @@ def exit_code_of(end: dict[str, Any]) -> ProcessResult:
     return ProcessResult(code, status, error)
 
 
-def bash_args(command: list[str], interactive: bool = False) -> list[str]:
-    """Arguments for `/bin/bash`: one argument is a script as-is, several are shell-quoted."""
-    if interactive:
-        return ["-i", "-l"]
-    script = command[0] if len(command) == 1 else shlex.join(command)
+def bash_args(script: str) -> list[str]:
+    """Arguments for `/bin/bash` to run `script` as a login shell would."""
     return ["-l", "-c", script]
 
 

@@ -57,6 +57,8 @@ class SandboxRecord:
     node: str = ""
     # Paused once its guest has been idle this many seconds (`runtime/memory.py`); 0: never.
     pause_after_idle: int = 0
+    # Paused (by its timeout), it resumes when traffic for it reaches the proxy.
+    auto_resume: bool = False
 
 
 _JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,6 +20,8 @@ KINDS = ("COPY", "ENV", "RUN", "USER", "WORKDIR")
 # Bounds on a recipe (a step's text goes into logs and cache keys).
 MAX_STEPS = 256
 MAX_ARG_BYTES = 64 * 1024
+# A user name as useradd takes one (or a uid).
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ def _parse(index: int, item: dict[str, Any]) -> Step:
         raise InvalidInput(f"{where}.args: {kind} needs {least} non-empty arguments")
     if kind == "ENV" and len(args) % 2:
         raise InvalidInput(f"{where}.args: ENV takes key, value pairs")
+    user = args[0] if kind == "USER" else args[1] if kind == "RUN" and len(args) > 1 else ""
+    if user and not _USER.fullmatch(user):
+        raise InvalidInput(f"{where}.args: {user!r} is not a user name")
     files_hash = item.get("filesHash")
     if kind == "COPY" and not (isinstance(files_hash, str) and is_files_hash(files_hash)):
         raise InvalidInput(f"{where}.filesHash: COPY needs the hash of its files (hex)")

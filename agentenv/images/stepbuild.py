@@ -239,11 +239,7 @@ class StepBuild:
 
     async def _ensure_user(self, sandbox: str, user: str, state: StepState) -> None:
         """USER names an account; one the image lacks is made, as E2B does."""
-        name = shlex.quote(user)
-        script = (
-            f"id -u {name} >/dev/null 2>&1 || useradd -m -s /bin/bash {name} || adduser -D {name}"
-        )
-        await self._run(sandbox, script, "root", state, "/")
+        await self._run(sandbox, user_script(user), "root", state, "/", f"create user '{user}'")
 
     async def _copy(self, sandbox: str, step: Step, state: StepState) -> None:
         src, dest = step.args[0], step.args[1]
@@ -300,6 +296,32 @@ class StepBuild:
             await asyncio.sleep(READY_INTERVAL)
 
 
+def user_script(user: str) -> str:
+    """The shell that makes account `user` unless it exists: with the image's useradd or
+    adduser, else (an image without either) by hand; password-less sudo where there is
+    sudo, as E2B's users have."""
+    name = shlex.quote(user)
+    return "\n".join(
+        [
+            f"id -u {name} >/dev/null 2>&1 && exit 0",
+            "shell=/bin/sh; [ -x /bin/bash ] && shell=/bin/bash",
+            "if command -v useradd >/dev/null 2>&1; then",
+            f'  useradd -m -s "$shell" {name}',
+            "elif command -v adduser >/dev/null 2>&1; then",
+            f'  adduser -D -s "$shell" {name}',
+            "else",
+            "  uid=1000",
+            '  while grep -q "^[^:]*:[^:]*:$uid:" /etc/passwd; do uid=$((uid + 1)); done',
+            f'  echo "{user}:x:$uid:$uid::/home/{user}:$shell" >> /etc/passwd',
+            f'  echo "{user}:x:$uid:" >> /etc/group',
+            f'  mkdir -p /home/{name} && chown "$uid:$uid" /home/{name}',
+            "fi",
+            "[ -d /etc/sudoers.d ] || exit 0",
+            f"echo {shlex.quote(f'{user} ALL=(ALL:ALL) NOPASSWD: ALL')} > /etc/sudoers.d/{name}",
+        ]
+    )
+
+
 def _with_env(command: str, env: dict[str, str]) -> str:
     """`command` with the build's ENV exported first (a detached start takes no env)."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
@@ -321,7 +343,9 @@ def copy_script(
         [
             "set -e",
             f"mkdir -p {q(spool)}; spool=$(mktemp -d {q(spool)}/unpack.XXXXXX)",
-            f'tar -xf {q(archive)} -C "$spool"; rm -f {q(archive)}',
+            # gzip'd unless the SDK was told not to; not every tar can tell by itself.
+            f'tar -xzf {q(archive)} -C "$spool" 2>/dev/null || tar -xf {q(archive)} -C "$spool"',
+            f"rm -f {q(archive)}",
             f'cd "$spool"; entry={q(entry)}; target={q(target)}',
             'if [ ! -e "$entry" ] && [ ! -L "$entry" ]; then',
             f"  echo {q(f'COPY: {entry} is not in the uploaded files')} >&2; exit 1",
@@ -331,8 +355,11 @@ def copy_script(
             f"  {mode_tree}",
             '  mkdir -p "$target"',
             # tar merges into existing directories and replaces files, as Docker's COPY.
-            '  (cd "$entry" && tar -cf - .) | tar -xf - -C "$target" --keep-directory-symlink'
-            " --no-overwrite-dir",
+            # (GNU tar's options to keep symlinked and existing directories; busybox
+            # has neither.)
+            "  opts=; if tar --help 2>&1 | grep -q keep-directory-symlink; then",
+            '    opts="--keep-directory-symlink --no-overwrite-dir"; fi',
+            '  (cd "$entry" && tar -cf - .) | tar -xf - -C "$target" $opts',
             "else",
             f'  chown -h {q(owner)} "$entry"',
             f"  {mode_file}",

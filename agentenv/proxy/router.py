@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -31,9 +31,17 @@ _DROP_REQUEST = HOP_BY_HOP | {b"host", b"e2b-sandbox-id", b"e2b-sandbox-port"}
 class SandboxProxy:
     """ASGI middleware in front of the API: routes sandbox traffic, passes the rest on."""
 
-    def __init__(self, app: Any, resolve: Callable[[str], Route | None], domain: str = "") -> None:
+    def __init__(
+        self,
+        app: Any,
+        resolve: Callable[[str], Route | None],
+        domain: str = "",
+        wake: Callable[[str], Awaitable[Route | None]] | None = None,
+    ) -> None:
         self.app = app
         self._resolve = resolve
+        # For a sandbox with no route: resumes it if it asked to be woken by traffic.
+        self._wake = wake
         self._domain = domain
         self._upstreams = UpstreamClients(resolve)
 
@@ -54,6 +62,8 @@ class SandboxProxy:
             await self.app(scope, receive, send)
             return
         route = self._resolve(target.sandbox_id)
+        if route is None and self._wake is not None:
+            route = await self._wake(target.sandbox_id)
         if route is None:
             await refuse(scope, send, 502, f"The sandbox {target.sandbox_id} was not found")
             return
@@ -93,7 +103,10 @@ class SandboxProxy:
         def unreachable(exc: httpx.HTTPError) -> str:
             return f"port {target.port} is not open in sandbox {target.sandbox_id}: {exc}"
 
-        await stream_through(client, request, receive, send, unreachable)
+        def alive() -> bool:
+            return self._resolve(target.sandbox_id) is route
+
+        await stream_through(client, request, receive, send, unreachable, alive)
 
     def _closing_on_shutdown(self, send: Send) -> Send:
         async def send_and_close(message: dict[str, Any]) -> None:

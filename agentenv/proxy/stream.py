@@ -62,9 +62,12 @@ async def stream_through(
     receive: Receive,
     send: Send,
     unreachable: Callable[[httpx.HTTPError], str],
+    alive: Callable[[], bool] = lambda: True,
 ) -> None:
     """Send `request` and stream the answer to the client; 502 with `unreachable(error)`
-    when the upstream cannot be reached."""
+    when the upstream cannot be reached. Once `alive()` turns false (the sandbox was
+    killed or paused) the answer is cut off, as a dropped connection is: a killed guest's
+    network is gone without a reset, and its streams would otherwise hang."""
     try:
         upstream = await client.send(request, stream=True)
     except httpx.HTTPError as exc:
@@ -76,15 +79,24 @@ async def stream_through(
     # upstream forever (and, once it is gone, on a dead address with no timeout).
     relay = asyncio.ensure_future(_relay(send, upstream, str(request.url)))
     gone = asyncio.ensure_future(_client_gone(receive))
+    ended = asyncio.ensure_future(_until_dead(alive))
     try:
-        await asyncio.wait({relay, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({relay, gone, ended}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        relay.cancel()
-        gone.cancel()
-        await asyncio.gather(relay, gone, return_exceptions=True)
+        for task in (relay, gone, ended):
+            task.cancel()
+        await asyncio.gather(relay, gone, ended, return_exceptions=True)
         await upstream.aclose()
     if relay.done() and not relay.cancelled() and relay.exception() is not None:
         raise relay.exception()
+
+
+async def _until_dead(alive: Callable[[], bool], every: float = 1.0) -> None:
+    # Polled: routes change under the manager's own locks, with no event to wait on.
+    while True:
+        if not alive():
+            return
+        await asyncio.sleep(every)
 
 
 async def _relay(send: Send, upstream: httpx.Response, source: str) -> None:

@@ -12,7 +12,8 @@ from ..crashpoints import crash_point
 from ..images.catalog import Template
 from .bootsnap import Shape
 from .cleanup import CleanupStack
-from .manager import CreateRequest, SandboxManager, guest_config
+from .guestconfig import guest_config
+from .manager import CreateRequest, SandboxManager
 from .warmpool import WarmPool
 
 
@@ -45,6 +46,7 @@ async def requested_record(
         layers=layers,
         reserved=reserved,
         pause_after_idle=request.pause_after_idle,
+        auto_resume=request.auto_resume,
     )
 
 

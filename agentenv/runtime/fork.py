@@ -76,6 +76,7 @@ class SandboxForks:
             allow_internet=source.allow_internet,
             secure=source.access_token is not None,
             pause_after_idle=source.pause_after_idle,
+            auto_resume=source.auto_resume,
         )
         kit = self.manager.pinned_kit(source)
         return await self.manager.bring_up(

@@ -58,6 +58,7 @@ from .bootsnap import (
 from .cleanup import CleanupStack
 from .launch import VmLauncher
 from .lifecycle import Event, State, next_state
+from .metricshistory import MetricsHistory
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class CreateRequest:
     allow_internet: bool = True
     secure: bool = False
     pause_after_idle: int = 0
+    auto_resume: bool = False
     # A size of its own (a template build's cpuCount and memoryMB); None: the template's.
     vcpus: int | None = None
     memory_mb: int | None = None
@@ -102,16 +104,6 @@ def guest_kernel_args(cfg: Config) -> str:
     net = cfg.net
     # The gateway answers DNS: the namespace forwards it to the configured resolver.
     return guest_args(net.guest_ip, net.guest_prefix, net.guest_gateway, dns=net.guest_gateway)
-
-
-# In a sandbox's guest config, when it was made from a snapshot (its `template_id` then
-# names the snapshot): the template its disk is an overlay of.
-DISK_TEMPLATE = "diskTemplate"
-
-
-def disk_template(record: SandboxRecord) -> str:
-    """The template whose image a sandbox's disk sits on."""
-    return record.guest.get(DISK_TEMPLATE) or record.template_id
 
 
 def new_sandbox_id() -> str:
@@ -149,6 +141,7 @@ class SandboxManager:
         self._operations: dict[str, asyncio.Task[Any]] = {}
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._routes: dict[str, Route] = {}
+        self.metrics_history = MetricsHistory()
         # Network slots held by VMs that are no sandbox yet (the warm pool's).
         self._held_slots: set[int] = set()
 
@@ -297,9 +290,11 @@ class SandboxManager:
         if self.route(sandbox_id) is None:
             return None
         try:
-            return await self.agent(record).metrics()
+            sample = await self.agent(record).metrics()
         except httpx.HTTPError as exc:
             raise Unavailable(f"sandbox '{sandbox_id}' did not report metrics: {exc}") from exc
+        self.metrics_history.record(sandbox_id, sample)
+        return sample
 
     def route(self, sandbox_id: str) -> Route | None:
         return self._routes.get(sandbox_id)
@@ -324,6 +319,7 @@ class SandboxManager:
         layers: dict[str, str] | None = None,
         reserved: tuple[str, int] | None = None,
         pause_after_idle: int = 0,
+        auto_resume: bool = False,
     ) -> SandboxRecord:
         """Admit a sandbox and store its `creating` record with a free network slot (or
         the `reserved` id and slot of a warm VM); `layers` are stored ones its files start
@@ -350,6 +346,7 @@ class SandboxManager:
                 access_token=secrets.token_hex(16) if secure else None,
                 layers=dict(layers or {}),
                 pause_after_idle=pause_after_idle,
+                auto_resume=auto_resume,
             )
             await self._admit(demand_of(record))
             record.slot = reserved[1] if reserved else await self._free_slot()
@@ -520,6 +517,7 @@ class SandboxManager:
         errors = await cleanup.run()
         if errors:
             raise Unavailable(f"sandbox '{record.sandbox_id}' teardown incomplete: {errors[0]}")
+        self.metrics_history.forget(record.sandbox_id)
 
     async def set_timeout(self, sandbox_id: str, timeout: int) -> None:
         """New expiry = now + timeout; it may shorten the sandbox's life as well as extend it."""
@@ -584,16 +582,6 @@ class SandboxManager:
         self._routes[record.sandbox_id] = Route(
             self.network_plan(record).ns_ip, record.access_token
         )
-
-
-def guest_config(template: Template) -> dict[str, Any]:
-    """What a fresh guest of `template` is given at /init; kept with each of its sandboxes."""
-    return {
-        "env": dict(template.env),
-        "user": template.user,
-        "workdir": template.workdir,
-        "command": list(template.command),
-    }
 
 
 def _disk_size(template: Template) -> int:

@@ -124,6 +124,7 @@ class MemoryKeeper:
         try:
             async with asyncio.timeout(_SAMPLE_TIMEOUT_S):
                 figures = await self.manager.agent(record).metrics()
+            self.manager.metrics_history.record(record.sandbox_id, figures)
             return SandboxMemory(
                 record, host, int(figures["mem_used"]), float(figures["idle_seconds"])
             )

@@ -15,14 +15,15 @@ import httpx
 
 from ..control.store import SandboxRecord
 from ..crashpoints import crash_point
-from ..errors import NotFound, Unavailable
+from ..errors import AenvError, NotFound, Unavailable
 from ..storage.objectstore import ObjectStore, ObjectStoreError
 from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmError
 from .bootsnap import read_init_secret, write_init_secret
 from .cleanup import CleanupStack
+from .guestconfig import disk_template
 from .lifecycle import Event, allows
-from .manager import FILESYSTEM, FULL, GuestLost, SandboxManager, disk_template, now
+from .manager import FILESYSTEM, FULL, GuestLost, Route, SandboxManager, now
 from .persist import fetch_files
 from .servedram import RamServer
 
@@ -96,6 +97,23 @@ class SandboxPauses:
                         await self.manager.store.update(sandbox_id, end_at=wanted_end)
                     return record, False
         return await self.resume(sandbox_id, timeout, memory), True
+
+    async def wake_on_traffic(self, sandbox_id: str) -> Route | None:
+        """Resume a paused sandbox that asked to be woken by traffic (`auto_resume`); its
+        route then, else None. It gets the default timeout, as a connect without one."""
+        try:
+            record = await self.manager.get(sandbox_id)
+        except NotFound:
+            return None
+        if not (record.auto_resume and allows(record.state, Event.RESUME)):
+            return None
+        try:
+            await self.connect(sandbox_id, self.manager.cfg.sandbox.default_timeout)
+        except AenvError as exc:
+            log.warning("sandbox %s: traffic could not wake it: %s", sandbox_id, exc.message)
+            return None
+        log.info("sandbox %s woken by traffic", sandbox_id)
+        return self.manager.route(sandbox_id)
 
     async def resume(self, sandbox_id: str, timeout: int, memory: bool = True) -> SandboxRecord:
         """A paused sandbox's guest continues where it stopped; 409 unless it is paused.

@@ -37,16 +37,9 @@ from .checkpoint import (
     take_checkpoint,
 )
 from .creation import requested_record
+from .guestconfig import DISK_TEMPLATE, disk_template
 from .lifecycle import Event, allows
-from .manager import (
-    DISK_TEMPLATE,
-    FILESYSTEM,
-    FULL,
-    CreateRequest,
-    SandboxManager,
-    disk_template,
-    now,
-)
+from .manager import FILESYSTEM, FULL, CreateRequest, SandboxManager, now
 from .pause import SandboxPauses
 from .persist import Uploads, fetch_files
 

@@ -20,8 +20,9 @@ from ..images.catalog import BASE
 from ..vmm.driver import PreparedVm, VmmError
 from .bootsnap import Shape
 from .cleanup import CleanupStack
+from .guestconfig import guest_config
 from .lifecycle import State
-from .manager import SandboxManager, guest_config, new_sandbox_id, now
+from .manager import SandboxManager, new_sandbox_id, now
 
 log = logging.getLogger(__name__)
 

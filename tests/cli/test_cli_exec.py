@@ -79,9 +79,10 @@ def test_exec_streams_and_propagates_exit_code(cli: Any) -> None:
         (
             "Start",
             {
+                # Several arguments run as they are, without a shell (as `docker exec`).
                 "process": {
-                    "cmd": "/bin/bash",
-                    "args": ["-l", "-c", "echo 'a b' -n"],
+                    "cmd": "echo",
+                    "args": ["a b", "-n"],
                     "envs": {"A": "1"},
                     "cwd": "/tmp",
                 },

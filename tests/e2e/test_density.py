@@ -32,7 +32,7 @@ def metrics(server: LiveServer, sandbox_id: str) -> dict[str, Any]:
     with server.client() as api:
         answer = api.get(f"/sandboxes/{sandbox_id}/metrics")
     assert answer.status_code == 200, answer.text
-    return answer.json()[0]
+    return answer.json()[-1]  # oldest first: the last is the one taken now
 
 
 def host_mb(server: LiveServer, sandbox_id: str) -> int:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox
+from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxState
 from e2b.exceptions import NotFoundException, SandboxException, TimeoutException
+
+from ..live import LiveServer, wait_for
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
 
@@ -135,3 +139,51 @@ def test_async_client() -> None:
             await sandbox.kill()
 
     assert asyncio.run(scenario()) == "async\n"
+
+
+def test_traffic_wakes_a_sandbox_that_asked_for_it(server: LiveServer) -> None:
+    sandbox = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        assert sandbox.get_info().lifecycle == {"auto_resume": True, "on_timeout": "pause"}
+        sandbox.commands.run("python3 -m http.server 8000", background=True)
+        assert wait_for(lambda: sandbox.get_info().state == SandboxState.PAUSED, 60)
+        # A request for one of its ports resumes it and gets its answer.
+        headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"}
+        answer = httpx.get(f"{server.url}/", headers=headers, timeout=60)
+        assert answer.status_code == 200 and "Directory listing" in answer.text
+        assert sandbox.get_info().state == SandboxState.RUNNING
+    finally:
+        sandbox.kill()
+    # Without it, traffic finds the sandbox paused, as before.
+    sleeper = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    try:
+        assert wait_for(lambda: sleeper.get_info().state == SandboxState.PAUSED, 60)
+        headers = {"E2b-Sandbox-Id": sleeper.sandbox_id, "E2b-Sandbox-Port": "49983"}
+        assert httpx.get(f"{server.url}/health", headers=headers).status_code == 502
+    finally:
+        sleeper.kill()
+
+
+def test_a_command_of_a_killed_sandbox_says_so() -> None:
+    sandbox = Sandbox.create()
+    command = sandbox.commands.run("sleep 60", background=True)
+    sandbox.kill()
+    started = time.monotonic()
+    with pytest.raises(SandboxException) as caught:
+        command.wait()
+    # The stream breaks at once; the SDK's health probe then finds the sandbox gone.
+    assert time.monotonic() - started < 30
+    assert "killed or reached its end of life" in str(caught.value)
+
+
+def test_metrics_over_a_time_range(sbx: Sandbox) -> None:
+    first = sbx.get_metrics()
+    time.sleep(1.1)
+    second = sbx.get_metrics()
+    # The node keeps what it sampled: a second call has both samples.
+    assert len(first) >= 1 and len(second) >= len(first) + 1
+    assert second[0].mem_total > 0 and second[-1].cpu_count >= 1
+    now = datetime.now(UTC)
+    assert sbx.get_metrics(start=now - timedelta(hours=1), end=now - timedelta(minutes=30)) == []
+    recent = sbx.get_metrics(start=now - timedelta(seconds=30), end=now + timedelta(seconds=5))
+    assert recent and all(now.timestamp() - 31 <= m.timestamp.timestamp() for m in recent)

@@ -45,7 +45,7 @@ def test_a_template_from_steps_starts_its_sandboxes_ready(
     server: LiveServer, context: Path
 ) -> None:
     logs: list[str] = []
-    Template.build(
+    info = Template.build(
         _recipe(context),
         "stepped",
         cpu_count=1,
@@ -53,6 +53,13 @@ def test_a_template_from_steps_starts_its_sandboxes_ready(
         on_build_logs=lambda entry: logs.append(entry.message),
     )
     assert any("RUN cat folder/test.txt" in line for line in logs), logs
+    # E2B's logs route too: forward from a cursor, or back from the end.
+    with server.client() as api:
+        route = f"/templates/stepped/builds/{info.build_id}/logs"
+        forward = api.get(route).json()["logs"]
+        assert any("RUN cat folder/test.txt" in entry["message"] for entry in forward)
+        last = api.get(route, params={"direction": "backward", "limit": 1}).json()["logs"]
+        assert last == forward[-1:]
     assert "This is a test file." in logs
     # A template like any other: listed, found by alias; not a snapshot, nor its cache.
     assert Template.exists("stepped")

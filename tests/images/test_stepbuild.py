@@ -4,6 +4,7 @@ step cache, failures and readiness; and the COPY script run for real on an SDK a
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -202,6 +203,7 @@ def test_the_ready_command_is_polled_until_it_succeeds_or_times_out(
         ({"type": "COPY", "args": ["a", "b"]}, "steps[0].filesHash: COPY needs"),
         ({"type": "COPY", "args": ["a", "b"], "filesHash": "../x"}, "steps[0].filesHash"),
         ({"type": "RUN", "args": [1]}, "steps[0].args: a list of strings"),
+        ({"type": "USER", "args": ["a; reboot"]}, "steps[0].args: 'a; reboot' is not a user"),
     ],
 )
 def test_malformed_steps_are_refused_by_name(step: dict, message: str) -> None:
@@ -209,12 +211,30 @@ def test_malformed_steps_are_refused_by_name(step: dict, message: str) -> None:
         parse_steps([step])
 
 
+BUSYBOX = shutil.which("busybox")
+
+
+def _shell(kind: str, where: Path) -> tuple[list[str], dict[str, str] | None]:
+    """How to run a script: with the host's bash and tools, or busybox's alone."""
+    if kind == "bash":
+        return ["bash", "-c"], None
+    assert BUSYBOX is not None
+    tools = where / "busybox-bin"
+    if not tools.exists():
+        tools.mkdir()
+        applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True).stdout
+        for applet in applets.split():
+            (tools / applet).symlink_to(BUSYBOX)
+    return [str(tools / "sh"), "-c"], {"PATH": str(tools)}
+
+
 def _copied(tmp_path: Path, src: str, dest: str, **options: str) -> Path:
     """Run the COPY script on the SDK's own archive of `src`; the guest root it wrote."""
     context = tmp_path / "context"
     root = Path(tempfile.mkdtemp(dir=tmp_path, prefix="root"))
     archive = root.with_suffix(".tar")
-    with tar_file_stream(src, str(context), [], False, True) as stream:
+    gzip = options.get("gzip", "yes") == "yes"
+    with tar_file_stream(src, str(context), [], False, gzip) as stream:
         archive.write_bytes(stream.read())
     target = f"{root}/{dest.lstrip('/')}"
     script = copy_script(
@@ -225,7 +245,8 @@ def _copied(tmp_path: Path, src: str, dest: str, **options: str) -> Path:
         options.get("mode", ""),
         spool=str(root.with_suffix(".spool")),
     )
-    subprocess.run(["bash", "-c", script], check=True)
+    shell, env = _shell(options.get("shell", "bash"), tmp_path)
+    subprocess.run([*shell, script], check=True, env=env)
     return root
 
 
@@ -241,8 +262,10 @@ def context(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_copy_places_files_as_docker_does(context: Path) -> None:
-    root = _copied(context, "folder/*", "folder")
+@pytest.mark.parametrize("shell", ["bash", "busybox"])
+def test_copy_places_files_as_docker_does(context: Path, shell: str) -> None:
+    """With GNU tools, and with busybox's alone (images without bash have those)."""
+    root = _copied(context, "folder/*", "folder", shell=shell)
     assert (root / "folder" / "test.txt").read_text() == "test"
     assert (root / "folder" / "symlink.txt").readlink() == Path("test.txt")
     assert (root / "folder" / "sub" / "deep.txt").read_text() == "deep"
@@ -251,7 +274,7 @@ def test_copy_places_files_as_docker_does(context: Path) -> None:
 def test_copy_of_one_file_to_a_directory_or_a_path(context: Path) -> None:
     root = _copied(context, "app.py", "/opt/app/", mode="0755")
     assert (root / "opt" / "app" / "app.py").stat().st_mode & 0o777 == 0o755
-    root = _copied(context, "app.py", "/usr/local/bin/tool")
+    root = _copied(context, "app.py", "/usr/local/bin/tool", gzip="no", shell="busybox")
     assert (root / "usr" / "local" / "bin" / "tool").read_text() == "app"
 
 

@@ -69,13 +69,27 @@ async def through_proxy(
     query: bytes = b"",
     headers: dict[bytes, bytes] | None = None,
     route: Route = ROUTE,
+    wake: Any = None,
 ) -> tuple[int, dict[str, Any] | None, Guest]:
-    """One GET through the proxy to sandbox `iabc`; the guest is an in-memory transport."""
+    """One GET through the proxy to sandbox `iabc`; the guest is an in-memory transport.
+    With `wake`, the sandbox has no route until `wake` gives one (a paused sandbox)."""
 
     async def api(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError("sandbox traffic reached the API")
 
-    proxy = SandboxProxy(api, lambda sandbox_id: route if sandbox_id == "iabc" else None)
+    woken: list[Route] = []
+
+    def resolve(sandbox_id: str) -> Route | None:
+        if sandbox_id != "iabc":
+            return None
+        return route if wake is None else next(iter(woken), None)
+
+    async def waking(sandbox_id: str) -> Route | None:
+        found = await wake(sandbox_id)
+        woken.extend([found] if found else [])
+        return found
+
+    proxy = SandboxProxy(api, resolve, wake=waking if wake else None)
     guest = Guest()
     client = httpx.AsyncClient(transport=httpx.MockTransport(guest.handle))
     proxy._upstreams.get = lambda sandbox_id, route: client  # type: ignore[method-assign]
@@ -138,3 +152,21 @@ async def test_unreadable_routing_input_is_400(
     status, body, guest = await through_proxy(raw_path, b"", headers, OPEN_ROUTE)
     assert (status, guest.targets) == (400, [])
     assert body is not None and body["code"] == 400
+
+
+async def test_a_paused_sandbox_that_asked_to_be_woken_gets_the_request() -> None:
+    woken: list[str] = []
+
+    async def wake(sandbox_id: str) -> Route | None:
+        woken.append(sandbox_id)
+        return OPEN_ROUTE
+
+    status, _, guest = await through_proxy(b"/health", wake=wake)
+    assert (status, woken, guest.targets) == (200, ["iabc"], [b"/health"])
+
+    async def stays_asleep(sandbox_id: str) -> Route | None:
+        return None
+
+    status, body, guest = await through_proxy(b"/health", wake=stays_asleep)
+    assert (status, guest.targets) == (502, [])
+    assert body is not None and body["message"] == "The sandbox iabc was not found"

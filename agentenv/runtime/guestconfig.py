@@ -1,0 +1,28 @@
+"""What a sandbox's guest is given at /init (env, user, workdir, the image's command),
+kept with each sandbox record, and where a sandbox's disk comes from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..control.store import SandboxRecord
+from ..images.catalog import Template
+
+# In a sandbox's guest config, when it was made from a snapshot (its `template_id` then
+# names the snapshot): the template its disk is an overlay of.
+DISK_TEMPLATE = "diskTemplate"
+
+
+def disk_template(record: SandboxRecord) -> str:
+    """The template whose image a sandbox's disk sits on."""
+    return record.guest.get(DISK_TEMPLATE) or record.template_id
+
+
+def guest_config(template: Template) -> dict[str, Any]:
+    """What a fresh guest of `template` is given at /init; kept with each of its sandboxes."""
+    return {
+        "env": dict(template.env),
+        "user": template.user,
+        "workdir": template.workdir,
+        "command": list(template.command),
+    }
