@@ -16,6 +16,7 @@ from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmError
 from ..vmm.qemuimg import copy_sparse
 from .cleanup import CleanupStack
+from .guestconfig import init_agent
 from .manager import FILESYSTEM, SandboxManager
 
 DISK = "rootfs.qcow2"
@@ -109,10 +110,4 @@ async def provision_from_checkpoint(
     await manager.save_vm(record, handle, kit)
     # A new clock reading, entropy of its own, its own access token and env vars; and
     # the defaults its template gives (a built template's final ENV, USER and WORKDIR).
-    guest = record.guest
-    await agent.init(
-        {**guest.get("env", {}), **record.env_vars},
-        record.access_token,
-        user=guest.get("user") or None,
-        workdir=guest.get("workdir") or None,
-    )
+    await init_agent(record, agent)

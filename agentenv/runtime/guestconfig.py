@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..control.store import SandboxRecord
+from ..guest.client import AgentClient
 from ..images.catalog import Template
 
 # In a sandbox's guest config, when it was made from a snapshot (its `template_id` then
@@ -16,6 +17,18 @@ DISK_TEMPLATE = "diskTemplate"
 def disk_template(record: SandboxRecord) -> str:
     """The template whose image a sandbox's disk sits on."""
     return record.guest.get(DISK_TEMPLATE) or record.template_id
+
+
+async def init_agent(record: SandboxRecord, agent: AgentClient) -> None:
+    """`/init` for a sandbox's guest: its token and env vars over its template's, the
+    template's user and directory as the defaults, a new clock reading and entropy."""
+    guest = record.guest
+    await agent.init(
+        {**guest.get("env", {}), **record.env_vars},
+        record.access_token,
+        user=guest.get("user") or None,
+        workdir=guest.get("workdir") or None,
+    )
 
 
 def guest_config(template: Template) -> dict[str, Any]:

@@ -56,6 +56,7 @@ from .bootsnap import (
     write_init_secret,
 )
 from .cleanup import CleanupStack
+from .guestconfig import init_agent
 from .launch import VmLauncher
 from .lifecycle import Event, State, next_state
 from .metricshistory import MetricsHistory
@@ -431,12 +432,7 @@ class SandboxManager:
     async def initialize_guest(self, record: SandboxRecord, agent: AgentClient) -> None:
         """Give a guest that has not run before the sandbox's environment and command."""
         guest = record.guest
-        await agent.init(
-            {**guest.get("env", {}), **record.env_vars},
-            record.access_token,
-            user=guest.get("user") or None,
-            workdir=guest.get("workdir") or None,
-        )
+        await init_agent(record, agent)
         crash_point("create.initialized")
         if guest.get("command"):
             try:
