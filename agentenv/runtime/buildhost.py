@@ -87,6 +87,12 @@ class NodeBuildHost:
             guest["workdir"] = state.workdir
         kind = TEMPLATE if memory else BUILD_CACHE
         taken = await self.snapshots.take(sandbox_id, name, memory, guest=guest, kind=kind)
+        if kind == BUILD_CACHE:
+            # A step run again (forced) replaces its entry: one build per key is enough.
+            builds = await asyncio.to_thread(self.snapshots.registry.builds, name)
+            for old in builds:
+                if old.tag != taken.tag:
+                    await self.snapshots.delete(old.snapshot_id)
         return taken.snapshot_id
 
     async def cached(self, key: str) -> tuple[str, StepState] | None:

@@ -96,6 +96,10 @@ def test_a_template_from_steps_starts_its_sandboxes_ready(
     )
     cached = [line for line in logs if "CACHED" in line]
     assert len(cached) == 6, logs  # every step but FROM
+    # Forced (`skip_cache`), the build runs every step again; each step keeps one entry.
+    Template.build(_recipe(context), "stepped", cpu_count=1, memory_mb=512, skip_cache=True)
+    entries = list((server.home / "snapshots").glob("buildcache-*"))
+    assert len(entries) == 4 and all(len(list(e.iterdir())) == 1 for e in entries)
     sandbox = Sandbox.create("stepped")
     try:
         assert sandbox.commands.run("cat index.html").stdout == "hello there\n"
