@@ -209,7 +209,8 @@ async def list_sandboxes_v2(
     state: Annotated[list[str] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 100,
     nextToken: str | None = None,
-    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
+    # E2B's default: the newest first (its SDKs page through `limit=1` that way).
+    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
 ) -> list[ListedSandbox]:
     records = await node.manager.list()
     page = listed_page(records, response, metadata, state, limit, nextToken, order)

@@ -146,7 +146,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
         state: Annotated[list[str] | None, Query()] = None,
         limit: Annotated[int, Query(ge=1, le=100)] = 100,
         nextToken: str | None = None,
-        order: Annotated[str, Query(pattern="^(asc|desc)$")] = "asc",
+        order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
     ) -> list[ListedSandbox]:
         records = await plane.sandboxes.list_all()
         return listed_page(records, response, metadata, state, limit, nextToken, order)

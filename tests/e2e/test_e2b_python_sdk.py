@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxState
+from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import NotFoundException, SandboxException, TimeoutException
 
 from ..live import LiveServer, wait_for
@@ -187,3 +187,21 @@ def test_metrics_over_a_time_range(sbx: Sandbox) -> None:
     assert sbx.get_metrics(start=now - timedelta(hours=1), end=now - timedelta(minutes=30)) == []
     recent = sbx.get_metrics(start=now - timedelta(seconds=30), end=now + timedelta(seconds=5))
     assert recent and all(now.timestamp() - 31 <= m.timestamp.timestamp() for m in recent)
+
+
+def test_listing_pages_newest_first() -> None:
+    tag = {"page_test": str(time.time_ns())}
+    older = Sandbox.create(metadata=tag)
+    newer = Sandbox.create(metadata=tag)
+    try:
+        paginator = Sandbox.list(query=SandboxQuery(metadata=tag), limit=1)
+        first = paginator.next_items()
+        assert [s.sandbox_id for s in first] == [newer.sandbox_id] and paginator.has_next
+        second = paginator.next_items()
+        assert [s.sandbox_id for s in second] == [older.sandbox_id]
+        assert not paginator.has_next and paginator.next_token is None
+        ascending = Sandbox.list(query=SandboxQuery(metadata=tag), order="asc").next_items()
+        assert [s.sandbox_id for s in ascending] == [older.sandbox_id, newer.sandbox_id]
+    finally:
+        older.kill()
+        newer.kill()
