@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Response
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import Config
 from ..errors import AenvError, Conflict
+from ..images.base import load_base_template
 from ..images.catalog import BASE, TemplateCatalog
 from ..images.reference import parse_reference
 from ..images.snapshots import TEMPLATE, SnapshotRecord, SnapshotRegistry, split_ref
@@ -51,7 +53,11 @@ def template_json(record: TemplateRecord, cfg: Any) -> dict[str, Any]:
 
 
 def _base_json(cfg: Any) -> dict[str, Any]:
+    base = load_base_template(cfg)
+    built = datetime.fromtimestamp(base.rootfs.stat().st_mtime, UTC) if base else None
     return {
+        "createdAt": built.isoformat() if built else None,
+        "updatedAt": built.isoformat() if built else None,
         "templateID": BASE,
         "buildID": BASE,
         "aliases": [BASE],

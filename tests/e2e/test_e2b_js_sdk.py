@@ -29,7 +29,11 @@ def node_sdk() -> str:
     npm = shutil.which("npm")
     if node is None or npm is None:
         pytest.fail("the TypeScript SDK tests need `node` and `npm` on PATH (Node 20 or newer)")
-    if not (JS_DIR / "node_modules" / "e2b" / "package.json").exists():
+    installed_already = all(
+        (JS_DIR / "node_modules" / package / "package.json").exists()
+        for package in ("e2b", "@e2b/cli")
+    )
+    if not installed_already:
         installed = subprocess.run(
             [npm, "ci", "--no-audit", "--no-fund"],
             cwd=JS_DIR,
@@ -136,3 +140,36 @@ CHECKS = {
 @pytest.mark.parametrize("scenario", list(CHECKS))
 def test_js_sdk(scenario: str, node_sdk: str, server: LiveServer) -> None:
     CHECKS[scenario](run_scenario(node_sdk, server, scenario))
+
+
+def test_the_e2b_cli_works_against_the_server(node_sdk: str, server: LiveServer) -> None:
+    """`@e2b/cli` from npm, unmodified: templates and sandboxes listed, exec, pause,
+    resume, kill."""
+    env = {**os.environ, "E2B_API_URL": server.url, "E2B_SANDBOX_URL": server.url}
+    env["E2B_API_KEY"] = TEST_KEY
+    env.pop("E2B_DOMAIN", None)
+
+    def e2b(*args: str) -> str:
+        done = subprocess.run(
+            [node_sdk, str(JS_DIR / "node_modules" / "@e2b" / "cli" / "dist" / "index.js"), *args],
+            env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert done.returncode == 0, (args, done.stdout, done.stderr)
+        return done.stdout
+
+    assert "base" in e2b("template", "list")
+    with server.client() as api:
+        sandbox_id = api.post("/v2/sandboxes", json={"templateID": "base"}).json()["sandboxID"]
+    try:
+        assert sandbox_id in e2b("sandbox", "list")
+        assert "State: running" in e2b("sandbox", "info", sandbox_id)
+        assert e2b("sandbox", "exec", sandbox_id, "echo", "from the e2b cli").strip() == (
+            "from the e2b cli"
+        )
+        e2b("sandbox", "pause", sandbox_id)
+        assert "Paused" in e2b("sandbox", "list", "--state", "paused")
+        e2b("sandbox", "resume", sandbox_id)
+        assert "Running" in e2b("sandbox", "list")
+    finally:
+        e2b("sandbox", "kill", sandbox_id)
+    assert sandbox_id not in e2b("sandbox", "list")
