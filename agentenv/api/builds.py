@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..errors import AenvError, Conflict, Forbidden, InvalidInput, TooLarge
 from ..images.builds import LogLevel
 from ..images.buildsteps import Step, is_files_hash, parse_steps
-from ..images.catalog import BASE
+from ..images.catalog import BASE, E2B_BASE_IMAGES
 from ..images.reference import parse_reference
 from ..images.snapshots import DEFAULT_TAG, validate_tags
 from ..images.stepbuild import Recipe
@@ -187,10 +187,6 @@ async def upload_files(
         await asyncio.to_thread(spool.flush)
         await asyncio.to_thread(builds.files.put, files_hash, Path(spool.name))
     return Response(status_code=200)
-
-
-# The E2B base image, as `Template().from_base_image()` names it: here, the `base` template.
-E2B_BASE_IMAGES = ("e2bdev/base", "e2bdev/base:latest", "docker.io/e2bdev/base:latest")
 
 
 def _refusal(body: BuildStart) -> str | None:

@@ -119,13 +119,7 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
         pause_after_idle=body.pauseAfterIdle,
         auto_resume=auto_resume,
     )
-    # A snapshot's id (`name:tag`) looks like an image reference: snapshots come first.
-    snapshot = await asyncio.to_thread(node.snapshots.registry.lookup, body.templateID)
-    if snapshot is not None:
-        record = await node.snapshots.create(snapshot, request)
-    else:
-        request.template_id = await _template_for(node, body.templateID)
-        record = await node.creations.create(request)
+    record = await node.create(request, lambda name: _template_for(node, name))
     return sandbox_answer(record, public_domain(cfg))
 
 

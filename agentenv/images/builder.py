@@ -122,8 +122,7 @@ class TemplateBuilds:
         if await asyncio.to_thread(templates.find, build.template_id) is not None:
             # A template made from an image alone before: this build replaces it.
             await asyncio.to_thread(templates.delete, build.template_id)
-        recipe.files = self.files.get
-        snapshot_id = await StepBuild(self.host, build, recipe).run()
+        snapshot_id = await StepBuild(self.host, build, recipe, self.files.get).run()
         await self.host.tag(snapshot_id, build.tags)
         build.succeed(f"template {build.template_id} ready: build {snapshot_id}")
 

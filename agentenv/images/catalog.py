@@ -12,6 +12,10 @@ from .base import load_base_template
 from .templates import TemplateRecord, TemplateRegistry
 
 BASE = "base"
+# E2B's base image, as the SDKs' `from_base_image()` and Dockerfiles name it: `base` here.
+E2B_BASE_IMAGES = frozenset(
+    {"e2bdev/base", "e2bdev/base:latest", "docker.io/e2bdev/base", "docker.io/e2bdev/base:latest"}
+)
 
 
 @dataclass(frozen=True)

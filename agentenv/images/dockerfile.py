@@ -14,10 +14,10 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..errors import InvalidInput
+from .catalog import BASE, E2B_BASE_IMAGES
 
 # Built only as metadata of an OCI image; a template has no use for them.
 _SKIPPED = {"EXPOSE", "LABEL", "VOLUME", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "ONBUILD"}
-_E2B_BASE = {"base", "e2bdev/base", "e2bdev/base:latest"}
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
 
@@ -66,8 +66,8 @@ def parse_dockerfile(text: str) -> DockerfileRecipe:
             image = rest.split()[0] if rest else ""
             if not image:
                 raise InvalidInput(f"{where} needs an image")
-            if image in _E2B_BASE:
-                recipe.from_template = "base"
+            if image == BASE or image in E2B_BASE_IMAGES:
+                recipe.from_template = BASE
             else:
                 recipe.from_image = image
         elif not (recipe.from_image or recipe.from_template):

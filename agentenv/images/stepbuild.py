@@ -15,7 +15,7 @@ import asyncio
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..errors import AenvError
@@ -103,7 +103,6 @@ class Recipe:
     force: bool = False
     # Seconds the ready command has to succeed.
     ready_timeout: float = 600.0
-    files: Callable[[str], bytes] = field(default=lambda _hash: b"")
 
 
 def cache_entry_name(key: str) -> str:
@@ -112,12 +111,16 @@ def cache_entry_name(key: str) -> str:
 
 
 class StepBuild:
-    """Runs one recipe for one build on a `BuildHost`."""
+    """Runs one recipe for one build on a `BuildHost`; `files` gives a COPY step's archive
+    by its hash."""
 
-    def __init__(self, host: BuildHost, build: Build, recipe: Recipe) -> None:
+    def __init__(
+        self, host: BuildHost, build: Build, recipe: Recipe, files: Callable[[str], bytes]
+    ) -> None:
         self.host = host
         self.build = build
         self.recipe = recipe
+        self.files = files
         self._total = len(recipe.steps) + 1
 
     def _log(self, number: int, text: str) -> None:
@@ -250,7 +253,7 @@ class StepBuild:
         if ":" not in owner:
             owner = f"{owner}:{owner}"
         assert step.files_hash is not None  # parse_steps requires it
-        data = await asyncio.to_thread(self.recipe.files, step.files_hash)
+        data = await asyncio.to_thread(self.files, step.files_hash)
         archive = f"{COPY_SPOOL}/{step.files_hash}.tar"
         await self.host.write(sandbox, archive, data)
         target = state.resolve(dest) + ("/" if dest.endswith("/") else "")

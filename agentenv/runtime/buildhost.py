@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
+from ..control.store import SandboxRecord
+from ..guest.client import AgentClient
 from ..images.base import load_base_template
 from ..images.buildsteps import StepState
 from ..images.catalog import BASE
 from ..images.snapshots import BUILD_CACHE, TEMPLATE, SnapshotRecord
 from ..images.stepbuild import cache_entry_name
-from .creation import SandboxCreations
 from .manager import CreateRequest
 from .snapshots import SandboxSnapshots
 
@@ -23,10 +24,15 @@ BUILD_LABEL = "aenv.build"
 class NodeBuildHost:
     """The `BuildHost` of one node: sandboxes made, driven and snapshotted here."""
 
-    def __init__(self, creations: SandboxCreations, snapshots: SandboxSnapshots) -> None:
-        self.creations = creations
+    def __init__(
+        self,
+        create: Callable[[CreateRequest], Awaitable[SandboxRecord]],
+        snapshots: SandboxSnapshots,
+    ) -> None:
+        # The node's own create: a snapshot (a built parent, a cache entry) or a template.
+        self._create = create
         self.snapshots = snapshots
-        self.manager = creations.manager
+        self.manager = snapshots.manager
 
     async def create(self, parent: str, vcpus: int | None, memory_mb: int | None) -> str:
         request = CreateRequest(
@@ -36,12 +42,10 @@ class NodeBuildHost:
             vcpus=vcpus,
             memory_mb=memory_mb,
         )
-        snapshot = await asyncio.to_thread(self.snapshots.registry.lookup, parent)
-        if snapshot is not None:
-            record = await self.snapshots.create(snapshot, request)
-        else:
-            record = await self.creations.create(request)
-        return record.sandbox_id
+        return (await self._create(request)).sandbox_id
+
+    async def _agent(self, sandbox_id: str) -> AgentClient:
+        return self.manager.agent(await self.manager.get(sandbox_id))
 
     async def identity(self, parent: str) -> str:
         """What the parent's content is: a snapshot build, an image digest, base's version."""
@@ -64,18 +68,16 @@ class NodeBuildHost:
         env: dict[str, str],
         output: Callable[[str], None] | None,
     ) -> int:
-        agent = self.manager.agent(await self.manager.get(sandbox_id))
+        agent = await self._agent(sandbox_id)
         return await agent.run(argv, user=user, cwd=cwd, env=env, output=output)
 
     async def start(
         self, sandbox_id: str, argv: list[str], *, user: str | None, cwd: str | None
     ) -> None:
-        agent = self.manager.agent(await self.manager.get(sandbox_id))
-        await agent.start_detached(argv, tag="start", user=user, cwd=cwd)
+        await (await self._agent(sandbox_id)).start_detached(argv, tag="start", user=user, cwd=cwd)
 
     async def write(self, sandbox_id: str, path: str, data: bytes) -> None:
-        agent = self.manager.agent(await self.manager.get(sandbox_id))
-        await agent.write_file(path, data)
+        await (await self._agent(sandbox_id)).write_file(path, data)
 
     async def snapshot(self, sandbox_id: str, name: str, state: StepState, memory: bool) -> str:
         guest: dict[str, object] = {}

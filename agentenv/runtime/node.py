@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..config import Config
 from ..control.nodes import NodeRegistry
-from ..control.store import SqlSandboxStore
+from ..control.store import SandboxRecord, SqlSandboxStore
 from ..errors import Unavailable
 from ..guest.kit import load_kit
 from ..images.builder import TemplateBuilds
@@ -37,7 +38,7 @@ from .creation import SandboxCreations
 from .fork import SandboxForks
 from .heartbeat import NodePresence
 from .lifecycle import State
-from .manager import SandboxManager, guest_kernel_args
+from .manager import CreateRequest, SandboxManager, guest_kernel_args
 from .memory import MemoryKeeper
 from .pause import SandboxPauses
 from .persist import Uploads
@@ -84,7 +85,7 @@ class Node:
         self.puller = puller
         self.builds = builds
         self.memory = MemoryKeeper(manager, self.pauses.pause)
-        builds.host = NodeBuildHost(self.creations, snapshots)
+        builds.host = NodeBuildHost(self.create, snapshots)
         self._stack = stack
 
     @classmethod
@@ -185,6 +186,21 @@ class Node:
         for task in tasks:
             stack.push_async_callback(_cancelled, asyncio.create_task(task))
         return node
+
+    async def create(
+        self,
+        request: CreateRequest,
+        template_of: Callable[[str], Awaitable[str]] | None = None,
+    ) -> SandboxRecord:
+        """A sandbox from the snapshot `request.template_id` names (a snapshot's id looks
+        like an image reference, so snapshots come first), else from that template;
+        `template_of` turns the name into a template first (an image it pulls)."""
+        snapshot = await asyncio.to_thread(self.snapshots.registry.lookup, request.template_id)
+        if snapshot is not None:
+            return await self.snapshots.create(snapshot, request)
+        if template_of is not None:
+            request.template_id = await template_of(request.template_id)
+        return await self.creations.create(request)
 
     async def close(self) -> None:
         await self._stack.aclose()

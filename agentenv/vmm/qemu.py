@@ -263,6 +263,8 @@ class QemuDriver:
         self.version = _version_name(numbers)
         self.shares_snapshot_ram = numbers >= _PRIVATE_RAM_SINCE
         self._privram = privram.build(run_dir) if self.shares_snapshot_ram else None
+        # Each kernel's header-only stub for restores, made once (restores are a hot path).
+        self._restore_kernels: dict[Path, Path] = {}
 
     async def boot(self, spec: VmSpec) -> VmHandle:
         return await self._launch(spec, incoming=False)
@@ -372,7 +374,10 @@ class QemuDriver:
         control = qmp_socket(spec.name, self.run_dir)
         control.unlink(missing_ok=True)
         if incoming:
-            stub = await asyncio.to_thread(kernelstub.header_only, spec.kernel, self.run_dir)
+            stub = self._restore_kernels.get(spec.kernel)
+            if stub is None:
+                stub = await asyncio.to_thread(kernelstub.header_only, spec.kernel, self.run_dir)
+                self._restore_kernels[spec.kernel] = stub
             spec = dataclasses.replace(spec, kernel=stub)
         command = build_command(
             self.qemu_binary,

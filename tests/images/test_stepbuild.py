@@ -107,8 +107,9 @@ STEPS = [
 
 def _build(host: FakeHost, steps: list[dict], **recipe: object) -> tuple[Build, str]:
     build = Build("b1", "tpl")
-    plan = Recipe("img", parse_steps(steps), files=lambda h: b"archive-" + h.encode(), **recipe)  # type: ignore[arg-type]
-    return build, asyncio.run(StepBuild(host, build, plan).run())
+    plan = Recipe("img", parse_steps(steps), **recipe)  # type: ignore[arg-type]
+    files = lambda files_hash: b"archive-" + files_hash.encode()  # noqa: E731
+    return build, asyncio.run(StepBuild(host, build, plan, files).run())
 
 
 def test_steps_run_in_order_as_their_user_in_their_directory() -> None:
