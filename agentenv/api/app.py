@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Response
@@ -86,4 +86,8 @@ def create_app(cfg: Config) -> Any:
         node: Node | None = getattr(api.state, "node", None)
         return await node.pauses.wake_on_traffic(sandbox_id) if node else None
 
-    return RequestIds(SandboxProxy(api, resolve, cfg.server.domain, wake))
+    def routes() -> Iterable[tuple[str, Route]]:
+        node: Node | None = getattr(api.state, "node", None)
+        return node.manager.routes() if node else ()
+
+    return RequestIds(SandboxProxy(api, resolve, cfg.server.domain, wake, routes))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import httpx
 from yarl import URL
 
 from ..runtime.manager import AGENT_PORT, Route
+from .signedurl import signer_target
 from .stream import (
     HOP_BY_HOP,
     Receive,
@@ -37,9 +38,12 @@ class SandboxProxy:
         resolve: Callable[[str], Route | None],
         domain: str = "",
         wake: Callable[[str], Awaitable[Route | None]] | None = None,
+        routes: Callable[[], Iterable[tuple[str, Route]]] = lambda: (),
     ) -> None:
         self.app = app
         self._resolve = resolve
+        # Every running sandbox's route: finds the signer of a URL that names no sandbox.
+        self._routes = routes
         # For a sandbox with no route: resumes it if it asked to be woken by traffic.
         self._wake = wake
         self._domain = domain
@@ -58,6 +62,8 @@ class SandboxProxy:
         except BadTarget as exc:
             await refuse(scope, send, 400, str(exc))
             return
+        if target is None and scope["type"] == "http":
+            target = signer_target(scope["method"], request_target(scope) or "", self._routes)
         if target is None:
             await self.app(scope, receive, send)
             return

@@ -300,6 +300,10 @@ class SandboxManager:
     def route(self, sandbox_id: str) -> Route | None:
         return self._routes.get(sandbox_id)
 
+    def routes(self) -> list[tuple[str, Route]]:
+        """Every running sandbox's route, as a list the caller may keep."""
+        return list(self._routes.items())
+
     # -- create ----------------------------------------------------------------------
 
     async def new_record(

@@ -205,3 +205,27 @@ def test_listing_pages_newest_first() -> None:
     finally:
         older.kill()
         newer.kill()
+
+
+def test_signed_file_urls_work_without_routing_headers() -> None:
+    """A secure sandbox's signed URLs are plain URLs on `E2B_SANDBOX_URL`: anyone holding one
+    reads or writes that file with no header, until it expires; another sandbox's token or
+    a stale expiry is refused."""
+    sandbox = Sandbox.create(secure=True)
+    other = Sandbox.create(secure=True)
+    try:
+        upload = sandbox.upload_url("/home/user/up.txt", "user", 60)
+        assert httpx.post(upload, files={"file": ("up.txt", b"uploaded")}).is_success
+        assert sandbox.files.read("/home/user/up.txt") == "uploaded"
+        download = httpx.get(sandbox.download_url("/home/user/up.txt", "user", 60))
+        assert (download.status_code, download.text) == (200, "uploaded")
+        expired = httpx.get(sandbox.download_url("/home/user/up.txt", "user", -60))
+        assert expired.status_code == 401
+        assert expired.json() == {"code": 401, "message": "signature is already expired"}
+        # Signed by no running sandbox: it is left to the API, which has no such route.
+        forged = httpx.get(f"{sandbox.download_url('/home/user/up.txt', 'user')}x")
+        assert forged.status_code == 404
+        assert httpx.get(other.download_url("/home/user/up.txt", "user")).status_code == 404
+    finally:
+        sandbox.kill()
+        other.kill()

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from agentenv.guest.agent import init_secret
+from agentenv.guest.agent.signing import READ, WRITE, file_signature
 from agentenv.guest.client import AgentClient
 
 REPO = Path(__file__).resolve().parents[2]
@@ -523,6 +524,37 @@ async def test_access_token() -> None:
             sig = "v1_" + base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip("=")
             r = await c.get("/files", params={"path": "/etc/hostname", "signature": sig})
             assert r.status_code == 200
+    finally:
+        _stop(a)
+
+
+async def test_signed_file_urls_answer_as_envd() -> None:
+    """A signed URL works until it expires; each refusal says why, in envd's words."""
+    a = _spawn()
+    try:
+        async with httpx.AsyncClient(base_url=a.url) as c:
+            await c.post("/init", json={"accessToken": "s3cret"}, headers=INIT)
+            path = "/etc/hostname"
+            soon, past = str(int(time.time()) + 60), str(int(time.time()) - 60)
+
+            def signed(operation: str, expiration: str) -> dict[str, str]:
+                sig = file_signature(path, operation, "", "s3cret", expiration)
+                return {"path": path, "signature": sig, "signature_expiration": expiration}
+
+            assert (await c.get("/files", params=signed(READ, soon))).status_code == 200
+            cases = [
+                ({"path": path}, {}, "missing signature query parameter"),
+                (signed(WRITE, soon), {}, "invalid signature"),
+                (signed(READ, past), {}, "signature is already expired"),
+                (
+                    signed(READ, soon),
+                    {"X-Access-Token": "x"},
+                    "access token present in header but does not match",
+                ),
+            ]
+            for params, headers, message in cases:
+                r = await c.get("/files", params=params, headers=headers)
+                assert (r.status_code, r.json()) == (401, {"code": 401, "message": message})
     finally:
         _stop(a)
 

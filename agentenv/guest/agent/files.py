@@ -16,6 +16,7 @@ from aiohttp import web
 
 from .connect import ConnectError, json_response, log_error
 from .rootfs import chown
+from .signing import READ, WRITE, signature_error
 from .state import AgentState, get_state
 from .users import User
 
@@ -57,18 +58,14 @@ def _error(request: web.Request, err: FilesError) -> web.Response:
 
 def _authorize(state: AgentState, request: web.Request, operation: str) -> None:
     """The access token header or a valid ``signature`` query parameter is required."""
-    if state.token_ok(request):
+    token = state.access_token
+    if token is None or state.token_ok(request):
         return
-    q = request.query
-    if state.signature_ok(
-        q.get("path", ""),
-        operation,
-        q.get("username", ""),
-        q.get("signature", ""),
-        q.get("signature_expiration", ""),
-    ):
-        return
-    raise FilesError(401, "missing or invalid access token or signature")
+    if "X-Access-Token" in request.headers:
+        raise FilesError(401, "access token present in header but does not match")
+    error = signature_error(dict(request.query), operation, token)
+    if error is not None:
+        raise FilesError(401, error)
 
 
 def _user(state: AgentState, request: web.Request) -> User:
@@ -79,7 +76,7 @@ def _user(state: AgentState, request: web.Request) -> User:
 
 
 def _open_for_read(state: AgentState, request: web.Request) -> tuple[str, BinaryIO]:
-    _authorize(state, request, "read")
+    _authorize(state, request, READ)
     user = _user(state, request)
     if not request.query.get("path"):
         raise FilesError(400, "the path query parameter is required")
@@ -156,7 +153,7 @@ def _part_filename(disposition: str) -> str | None:
 async def upload(request: web.Request) -> web.StreamResponse:
     state = get_state(request)
     try:
-        _authorize(state, request, "write")
+        _authorize(state, request, WRITE)
         user = _user(state, request)
         path = request.query.get("path")
         written: list[dict[str, Any]] = []

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import time
-from base64 import b64encode
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,22 +58,6 @@ class AgentState:
             return True
         given = request.headers.get("X-Access-Token", "")
         return hmac.compare_digest(given.encode(), self.access_token.encode())
-
-    def signature_ok(self, path: str, operation: str, username: str, sig: str, exp: str) -> bool:
-        """Check a /files ``signature`` (protocol doc §3.1) against the access token."""
-        if self.access_token is None or not sig:
-            return False
-        raw = f"{path}:{operation}:{username}:{self.access_token}"
-        if exp:
-            try:
-                if int(exp) < time.time():
-                    return False
-            except ValueError:
-                return False
-            raw += f":{exp}"
-        digest = hashlib.sha256(raw.encode()).digest()
-        expected = "v1_" + b64encode(digest).decode().rstrip("=")
-        return hmac.compare_digest(expected.encode(), sig.encode())
 
 
 def app_key(name: str, kind: type) -> Any:
