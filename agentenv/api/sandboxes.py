@@ -7,9 +7,8 @@ import logging
 import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
-from urllib.parse import parse_qsl, unquote
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Depends, Response
 
 from ..config import Config
 from ..control.store import SandboxRecord
@@ -24,6 +23,7 @@ from ..runtime.memory import MIB
 from ..runtime.node import Node
 from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
 from .errors import ERROR_RESPONSES
+from .listing import CLIENT_ID, ListQuery, list_query, listed_fields, listed_page, running_listed
 from .models import (
     Balloon,
     BalloonBody,
@@ -39,9 +39,6 @@ from .models import (
     SandboxMetric,
     TimeoutBody,
 )
-from .pagination import decode_cursor, encode_cursor
-
-CLIENT_ID = "aenv"
 
 router = APIRouter(responses=ERROR_RESPONSES)
 log = logging.getLogger(__name__)
@@ -61,31 +58,6 @@ def sandbox_answer(record: SandboxRecord, domain: str | None) -> Sandbox:
         envdAccessToken=record.access_token,
         domain=domain,
     )
-
-
-def _listed_fields(record: SandboxRecord) -> dict:
-    return {
-        "templateID": record.template_id,
-        "alias": record.alias,
-        "sandboxID": record.sandbox_id,
-        "clientID": CLIENT_ID,
-        "startedAt": record.started_at,
-        "endAt": record.end_at,
-        "cpuCount": record.vcpus,
-        "memoryMB": record.memory_mb,
-        "diskSizeMB": record.disk_mb,
-        "metadata": record.metadata,
-        "state": PUBLIC_STATE[record.state],
-        "envdVersion": ENVD_VERSION,
-        "node": record.node or None,
-    }
-
-
-def parse_metadata_filter(raw: str | None) -> dict[str, str]:
-    """The SDK percent-encodes keys and values, then the pair list: undo both layers."""
-    if not raw:
-        return {}
-    return {unquote(k): unquote(v) for k, v in parse_qsl(raw, keep_blank_values=True)}
 
 
 async def _template_for(node: Node, name: str) -> str:
@@ -135,55 +107,10 @@ async def create_sandbox(node: NodeDep, body: NewSandbox) -> Sandbox:
     return await _create(node, body, secure=body.secure)
 
 
-def listed_page(
-    records: list[SandboxRecord],
-    response: Response,
-    metadata: str | None,
-    state: list[str] | None,
-    limit: int,
-    next_token: str | None,
-    order: str,
-) -> list[ListedSandbox]:
-    """One page of `GET /v2/sandboxes` over `records`, filtered and in E2B's order; the
-    next page's token goes in `x-next-token`."""
-    wanted_states = {s for value in state or [] for s in value.split(",") if s}
-    if wanted_states - {"running", "paused"}:
-        raise InvalidInput(f"unknown state filter: {sorted(wanted_states)}")
-    wanted_meta = parse_metadata_filter(metadata)
-    records = [
-        r
-        for r in records
-        if (not wanted_states or PUBLIC_STATE[r.state] in wanted_states)
-        and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
-    ]
-    records.sort(key=lambda r: (r.started_at, r.sandbox_id), reverse=order == "desc")
-    if next_token:
-        cursor = decode_cursor(next_token)
-        if order == "desc":
-            records = [r for r in records if (r.started_at, r.sandbox_id) < cursor]
-        else:
-            records = [r for r in records if (r.started_at, r.sandbox_id) > cursor]
-    page = records[:limit]
-    if len(records) > limit:
-        response.headers["x-next-token"] = encode_cursor(page[-1].started_at, page[-1].sandbox_id)
-    return [ListedSandbox(**_listed_fields(r)) for r in page]
-
-
-def running_listed(records: list[SandboxRecord], metadata: str | None) -> list[ListedSandbox]:
-    """`GET /sandboxes` (SDK 1.x) over `records`: running sandboxes only, unpaginated."""
-    wanted_meta = parse_metadata_filter(metadata)
-    return [
-        ListedSandbox(**_listed_fields(r))
-        for r in records
-        if PUBLIC_STATE[r.state] == "running"
-        and all(r.metadata.get(k) == v for k, v in wanted_meta.items())
-    ]
-
-
 def sandbox_detail(record: SandboxRecord, domain: str | None) -> SandboxDetail:
     paused = PUBLIC_STATE[record.state] == "paused"
     return SandboxDetail(
-        **_listed_fields(record),
+        **listed_fields(record),
         envdAccessToken=record.access_token,
         allowInternetAccess=record.allow_internet,
         domain=domain,
@@ -197,17 +124,9 @@ def sandbox_detail(record: SandboxRecord, domain: str | None) -> SandboxDetail:
 
 @router.get("/v2/sandboxes")
 async def list_sandboxes_v2(
-    node: NodeDep,
-    response: Response,
-    metadata: str | None = None,
-    state: Annotated[list[str] | None, Query()] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 100,
-    nextToken: str | None = None,
-    # E2B's default: the newest first (its SDKs page through `limit=1` that way).
-    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
+    node: NodeDep, response: Response, query: Annotated[ListQuery, Depends(list_query)]
 ) -> list[ListedSandbox]:
-    records = await node.manager.list()
-    page = listed_page(records, response, metadata, state, limit, nextToken, order)
+    page = listed_page(await node.manager.list(), response, query)
     return _with_host_memory(node, page)
 
 

@@ -17,15 +17,16 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import httpx
-from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from ..api.auth import ApiKeyAuth, load_or_create_api_key
 from ..api.errors import error_response, install_error_handlers
 from ..api.limits import BodyLimit
+from ..api.listing import ListQuery, list_query, listed_page, running_listed
 from ..api.models import ListedSandbox, SandboxDetail
-from ..api.sandboxes import listed_page, public_domain, running_listed, sandbox_detail
+from ..api.sandboxes import public_domain, sandbox_detail
 from ..config import Config
 from ..errors import Conflict, NotFound
 from ..observe.logs import RequestIds
@@ -140,16 +141,9 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
 
     @protected.get("/v2/sandboxes")
     async def list_sandboxes_v2(
-        plane: Plane,
-        response: Response,
-        metadata: str | None = None,
-        state: Annotated[list[str] | None, Query()] = None,
-        limit: Annotated[int, Query(ge=1, le=100)] = 100,
-        nextToken: str | None = None,
-        order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
+        plane: Plane, response: Response, query: Annotated[ListQuery, Depends(list_query)]
     ) -> list[ListedSandbox]:
-        records = await plane.sandboxes.list_all()
-        return listed_page(records, response, metadata, state, limit, nextToken, order)
+        return listed_page(await plane.sandboxes.list_all(), response, query)
 
     @protected.get("/sandboxes")
     async def list_sandboxes_v1(plane: Plane, metadata: str | None = None) -> list[ListedSandbox]:

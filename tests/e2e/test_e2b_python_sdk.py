@@ -202,6 +202,16 @@ def test_listing_pages_newest_first() -> None:
         assert not paginator.has_next and paginator.next_token is None
         ascending = Sandbox.list(query=SandboxQuery(metadata=tag), order="asc").next_items()
         assert [s.sandbox_id for s in ascending] == [older.sandbox_id, newer.sandbox_id]
+
+        def listed(**query) -> list[str]:
+            found = Sandbox.list(query=SandboxQuery(metadata=tag, **query)).next_items()
+            return [s.sandbox_id for s in found]
+
+        started = newer.get_info().started_at
+        assert listed(started_after=started) == [newer.sandbox_id]
+        assert listed(started_after=started + timedelta(seconds=1)) == []
+        assert listed(template=newer.get_info().template_id) == [newer.sandbox_id, older.sandbox_id]
+        assert listed(template="unknown-template") == []
     finally:
         older.kill()
         newer.kill()
