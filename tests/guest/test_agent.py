@@ -434,6 +434,18 @@ async def test_large_upload_is_streamed(
     assert len(r.content) == size
 
 
+async def test_files_of_pseudo_filesystems_are_read_to_their_end(
+    client: httpx.AsyncClient,
+) -> None:
+    """procfs and sysfs report sizes of 0 or 4096; their files are sent as read."""
+    for path in ("/proc/sys/kernel/random/boot_id", "/sys/kernel/mm/transparent_hugepage/enabled"):
+        if not os.path.exists(path):
+            continue
+        r = await client.get("/files", params={"path": path})
+        assert r.status_code == 200
+        assert r.content == Path(path).read_bytes() != b""
+
+
 # -- filesystem ------------------------------------------------------------------------------------
 
 

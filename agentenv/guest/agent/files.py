@@ -10,6 +10,7 @@ import asyncio
 import email.message
 import errno
 import os
+import stat
 from typing import Any, BinaryIO
 
 from aiohttp import web
@@ -98,11 +99,12 @@ async def download(request: web.Request) -> web.StreamResponse:
     except FilesError as err:
         return _error(request, err)
     try:
-        size = os.fstat(fh.fileno()).st_size
         resp = web.StreamResponse(status=200)
         resp.headers["Content-Type"] = "application/octet-stream"
         resp.headers["Content-Disposition"] = f'attachment; filename="{os.path.basename(guest)}"'
-        resp.content_length = size
+        size = await loop.run_in_executor(None, _true_size, fh.fileno())
+        if size is not None:
+            resp.content_length = size
         await resp.prepare(request)
         # Reads go to a thread: a lazily fetched block device may stall on the network.
         while chunk := await loop.run_in_executor(None, fh.read, CHUNK):
@@ -111,6 +113,15 @@ async def download(request: web.Request) -> web.StreamResponse:
         return resp
     finally:
         fh.close()
+
+
+def _true_size(fd: int) -> int | None:
+    """The file's size, or None (sent chunked, read to its end) when its size is made up:
+    procfs and sysfs report 0 or 4096 and have no blocks of their own."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or os.fstatvfs(fd).f_blocks == 0:
+        return None
+    return st.st_size
 
 
 class _Sink:
