@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .limits import PRINTABLE, EnvVars, Metadata
+from .limits import MAX_ENTRIES, PRINTABLE, EnvVars, Metadata
 
 
 class _Request(BaseModel):
@@ -34,6 +34,9 @@ class NewSandbox(_Request):
     allow_internet_access: bool = True
     # Not E2B's: pause once the guest has been idle this many seconds (0: never).
     pauseAfterIdle: int = Field(default=0, ge=0, le=10_000_000)
+    # MCP servers for the template's `mcp-gateway`, which the SDK itself starts in the new
+    # sandbox (killing it if the gateway fails); the server, as E2B's, only accepts it.
+    mcp: dict[str, Any] | None = Field(default=None, max_length=MAX_ENTRIES)
 
 
 class TimeoutBody(_Request):

@@ -239,3 +239,12 @@ def test_signed_file_urls_work_without_routing_headers() -> None:
     finally:
         sandbox.kill()
         other.kill()
+
+
+def test_an_mcp_gateway_that_cannot_start_leaves_no_sandbox() -> None:
+    """`mcp` is accepted; the SDK starts `mcp-gateway` itself, which `base` lacks, so the
+    create fails clearly and the SDK kills the sandbox."""
+    tag = {"mcp_test": str(time.time_ns())}
+    with pytest.raises(SandboxException, match="Failed to start MCP gateway"):
+        Sandbox.create("base", metadata=tag, mcp={"invalid_server": {}})  # type: ignore[arg-type]
+    assert Sandbox.list(query=SandboxQuery(metadata=tag)).next_items() == []
