@@ -90,19 +90,31 @@ def test_files(sbx: Sandbox) -> None:
     assert sbx.files.exists("/tmp/many/c.txt")
     sbx.files.remove("/tmp/many")
     assert not sbx.files.exists("/tmp/many")
+    # Metadata (envd 0.6.2) lives in the guest's xattrs: seen there, and kept by a pause.
+    assert sbx.files.write("/tmp/m.txt", "m", metadata={"Author": "me"}).metadata == {
+        "author": "me"
+    }
+    xattr = "import os; print(os.getxattr('/tmp/m.txt', 'user.e2b.author').decode())"
+    assert sbx.commands.run(f'python3 -c "{xattr}"').stdout == "me\n"
+    sbx.pause()
+    sbx.connect()
+    assert sbx.files.get_info("/tmp/m.txt").metadata == {"author": "me"}
+    # /proc reports a size of 0; the file is still read to its end.
+    assert len(sbx.files.read("/proc/sys/kernel/random/boot_id").strip()) == 36
 
 
 def test_watch_dir(sbx: Sandbox) -> None:
     sbx.files.make_dir("/tmp/watched")
-    watcher = sbx.files.watch_dir("/tmp/watched")
+    watcher = sbx.files.watch_dir("/tmp/watched", include_entry=True, allow_network_mounts=True)
     sbx.files.write("/tmp/watched/new.txt", "x")
     deadline = time.monotonic() + 10
-    names: set[str] = set()
-    while time.monotonic() < deadline and "new.txt" not in names:
-        names |= {event.name for event in watcher.get_new_events()}
+    entries = {}
+    while time.monotonic() < deadline and "new.txt" not in entries:
+        entries |= {event.name: event.entry for event in watcher.get_new_events()}
         time.sleep(0.2)
     watcher.stop()
-    assert "new.txt" in names
+    assert entries["new.txt"] is not None
+    assert entries["new.txt"].path == "/tmp/watched/new.txt"
 
 
 def test_list_info_timeout_pause_connect(sbx: Sandbox) -> None:

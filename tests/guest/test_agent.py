@@ -449,6 +449,49 @@ async def test_files_of_pseudo_filesystems_are_read_to_their_end(
 # -- filesystem ------------------------------------------------------------------------------------
 
 
+async def test_file_metadata_as_envd_keeps_it(client: httpx.AsyncClient, tmp_path: Path) -> None:
+    """`X-Metadata-*` headers become `user.e2b.*` xattrs: shown by upload, Stat, ListDir and
+    Move; an upload without them clears them; xattrs set in the guest show too."""
+    fs = "/filesystem.Filesystem/"
+    target = tmp_path / "m.txt"
+    tagged = {"X-Metadata-Author": "mish", "x-metadata-purpose": "upload"}
+    expected = {"author": "mish", "purpose": "upload"}
+    r = await client.post(
+        "/files", params={"path": str(target)}, files={"file": b"1"}, headers=tagged
+    )
+    assert r.json()[0]["metadata"] == expected
+    stat_entry = (await rpc(client, fs + "Stat", {"path": str(target)})).json()["entry"]
+    assert stat_entry["metadata"] == expected
+    listed = (await rpc(client, fs + "ListDir", {"path": str(tmp_path)})).json()["entries"]
+    assert [e.get("metadata") for e in listed if e["name"] == "m.txt"] == [expected]
+    moved = await rpc(
+        client, fs + "Move", {"source": str(target), "destination": str(target) + "2"}
+    )
+    assert moved.json()["entry"]["metadata"] == expected
+
+    octet = {"Content-Type": "application/octet-stream", "X-Metadata-Stage": "two"}
+    r = await client.post("/files", params={"path": str(target) + "2"}, content=b"2", headers=octet)
+    assert r.json()[0]["metadata"] == {"stage": "two"}
+    r = await client.post("/files", params={"path": str(target) + "2"}, files={"file": b"3"})
+    assert "metadata" not in r.json()[0]
+    assert os.listxattr(str(target) + "2") == []
+
+    os.setxattr(str(target) + "2", "user.e2b.by-hand", b"yes")
+    os.setxattr(str(target) + "2", "user.other", b"not ours")
+    stat_entry = (await rpc(client, fs + "Stat", {"path": str(target) + "2"})).json()["entry"]
+    assert stat_entry["metadata"] == {"by-hand": "yes"}
+
+    for headers, message in [
+        ({"X-Metadata-K": "café".encode()}, "non-printable-ASCII"),
+        ({"X-Metadata-" + "k" * 247: "v"}, "exceeds 246 bytes"),
+        ({f"X-Metadata-K{i}": "v" * 200 for i in range(20)}, "total metadata size"),
+    ]:
+        r = await client.post(
+            "/files", params={"path": str(target)}, files={"file": b"x"}, headers=headers
+        )
+        assert r.status_code == 400 and message in r.json()["message"], r.text
+
+
 async def test_filesystem_rpcs(client: httpx.AsyncClient, tmp_path: Path) -> None:
     fs = "/filesystem.Filesystem/"
     d = tmp_path / "d" / "e"

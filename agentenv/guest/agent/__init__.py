@@ -9,5 +9,6 @@ from __future__ import annotations
 __version__ = "0.1.0"
 # The envd version whose wire behaviour this agent matches; the control plane should report
 # it as the sandbox's envdVersion (the SDK gates features such as octet-stream uploads on it).
-# 0.6.2 would promise X-Metadata-* file metadata, which the agent does not implement yet.
-ENVD_VERSION = "0.5.7"
+# 0.6.2 promises X-Metadata-* file metadata, 0.6.3 entry info in watch events, 0.6.4 the
+# opt-in to watching network mounts; all three are implemented.
+ENVD_VERSION = "0.6.4"

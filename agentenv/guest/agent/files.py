@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 from aiohttp import web
 
+from . import metadata as file_metadata
 from .connect import ConnectError, json_response, log_error
 from .rootfs import chown
 from .signing import READ, WRITE, signature_error
@@ -125,11 +126,15 @@ def _true_size(fd: int) -> int | None:
 
 
 class _Sink:
-    """An open upload target; the file is created (and chowned) on open."""
+    """An open upload target; the file is created (and chowned) on open, and given the
+    upload's metadata (replacing what it had) on close."""
 
-    def __init__(self, state: AgentState, user: User, raw_path: str) -> None:
+    def __init__(
+        self, state: AgentState, user: User, raw_path: str, metadata: dict[str, str]
+    ) -> None:
         self.guest = state.rootfs.guest_path(raw_path, user)
-        host = state.rootfs.host(self.guest)
+        self.metadata = metadata
+        self.host = host = state.rootfs.host(self.guest)
         if os.path.isdir(host):
             raise FilesError(400, f"path {self.guest} is a directory")
         try:
@@ -148,10 +153,19 @@ class _Sink:
             raise _os_error(err, f"write {self.guest}") from None
 
     def close(self) -> None:
-        os.close(self.fd)
+        try:
+            file_metadata.replace(self.fd, self.metadata)
+        except OSError as err:
+            raise _os_error(err, f"set the metadata of {self.guest}") from None
+        finally:
+            os.close(self.fd)
 
     def info(self) -> dict[str, Any]:
-        return {"name": os.path.basename(self.guest), "type": "file", "path": self.guest}
+        info = {"name": os.path.basename(self.guest), "type": "file", "path": self.guest}
+        # Read back: a filesystem without xattrs (procfs, sysfs) keeps none.
+        if kept := file_metadata.read(self.host):
+            info["metadata"] = kept
+        return info
 
 
 def _part_filename(disposition: str) -> str | None:
@@ -167,6 +181,11 @@ async def upload(request: web.Request) -> web.StreamResponse:
         _authorize(state, request, WRITE)
         user = _user(state, request)
         path = request.query.get("path")
+        metadata = file_metadata.from_headers(request.headers.items())
+        try:
+            file_metadata.validate(metadata)
+        except file_metadata.InvalidMetadata as err:
+            raise FilesError(400, f"invalid metadata: {err}") from None
         written: list[dict[str, Any]] = []
         if request.content_type == "multipart/form-data":
             reader = await request.multipart()
@@ -176,7 +195,7 @@ async def upload(request: web.Request) -> web.StreamResponse:
                 target = path or _part_filename(part.headers.get("Content-Disposition", ""))
                 if not target:
                     raise FilesError(400, "a file part needs a filename or the path parameter")
-                sink = _Sink(state, user, target)
+                sink = _Sink(state, user, target, metadata)
                 try:
                     while chunk := await part.read_chunk(CHUNK):
                         sink.write(chunk)
@@ -187,7 +206,7 @@ async def upload(request: web.Request) -> web.StreamResponse:
             if not path:
                 raise FilesError(400, "the path query parameter is required")
             # aiohttp has already undone Content-Encoding: gzip on the request body.
-            sink = _Sink(state, user, path)
+            sink = _Sink(state, user, path, metadata)
             try:
                 async for chunk in request.content.iter_chunked(CHUNK):
                     sink.write(chunk)

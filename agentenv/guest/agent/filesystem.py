@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import metadata as file_metadata
 from .connect import (
     ConnectError,
     Message,
@@ -30,7 +31,7 @@ from .connect import (
 )
 from .state import AgentState, app_key, get_state
 from .users import User
-from .watch import DirWatcher
+from .watch import DirWatcher, on_network_mount
 
 WATCHER_EVENT_LIMIT = 10_000  # polled watchers keep at most this many unread events
 
@@ -87,12 +88,15 @@ def entry_info(state: AgentState, guest: str) -> Message:
     }
     if stat.S_ISLNK(st.st_mode):
         entry["isSymlink"] = True
-        target_host = state.rootfs.host(guest, follow=True)
-        entry["symlinkTarget"] = state.rootfs.to_guest(target_host)
+        # Resolved inside the user's root: the agent's own root may differ.
+        host = state.rootfs.host(guest, follow=True)
+        entry["symlinkTarget"] = state.rootfs.to_guest(host)
         try:
-            entry["type"] = _file_type(os.stat(target_host).st_mode)
+            entry["type"] = _file_type(os.stat(host).st_mode)
         except OSError:
             pass  # dangling link: keep FILE_TYPE_SYMLINK
+    if found := file_metadata.read(host):
+        entry["metadata"] = found
     return entry
 
 
@@ -219,6 +223,14 @@ def _start_watch(
         raise ConnectError("not_found", f"directory {guest} not found")
     if not os.path.isdir(host):
         raise ConnectError("invalid_argument", f"path {guest} is not a directory")
+    allow_network = bool(msg.get("allowNetworkMounts") or msg.get("allow_network_mounts"))
+    try:
+        if not allow_network and on_network_mount(host):
+            raise ConnectError(
+                "invalid_argument", f"cannot watch path on network filesystem: {guest}"
+            )
+    except OSError as err:
+        raise os_error(err, f"watch {guest}") from None
     include_entry = bool(msg.get("includeEntry") or msg.get("include_entry"))
     base = state.rootfs.to_guest(host)
 

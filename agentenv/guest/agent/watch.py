@@ -66,6 +66,21 @@ def _check(result: int, what: str) -> int:
     return result
 
 
+# Superblock magics of network filesystems (linux/magic.h): NFS, CIFS, SMB, SMB2, FUSE.
+NETWORK_FS_MAGICS = {0x6969, 0xFF534D42, 0x517B, 0xFE534D42, 0x65735546}
+# struct statfs: f_type is its first field, a long; the whole struct is under 128 bytes.
+_STATFS_SIZE = 128
+
+
+def on_network_mount(path: str) -> bool:
+    """True when `path` lies on a network filesystem, where inotify misses remote changes
+    (envd refuses to watch there unless asked)."""
+    buf = ctypes.create_string_buffer(_STATFS_SIZE)
+    _check(_lib().statfs(os.fsencode(path), buf), f"statfs {path}")
+    f_type = ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+    return f_type in NETWORK_FS_MAGICS
+
+
 # Called with (relative name, EventType name, host path of the entry).
 EventCallback = Callable[[str, str, str], None]
 
