@@ -8,6 +8,7 @@ import uvicorn
 from .api.app import create_app
 from .config import Config
 from .observe.logs import configure_logging
+from .proxy.reset import CLIENT_CONNECTIONS
 
 
 def run_server(cfg: Config) -> None:
@@ -24,4 +25,8 @@ def run_server(cfg: Config) -> None:
         f"aenv server ({role}) listening on http://{cfg.server.host}:{cfg.server.port}", flush=True
     )
     # Its loggers go through ours (format, request ids); it installs none of its own.
-    uvicorn.run(app, host=cfg.server.host, port=cfg.server.port, log_config=None)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=cfg.server.host, port=cfg.server.port, log_config=None)
+    )
+    CLIENT_CONNECTIONS.attach(server.server_state)
+    server.run()

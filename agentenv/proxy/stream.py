@@ -63,11 +63,13 @@ async def stream_through(
     send: Send,
     unreachable: Callable[[httpx.HTTPError], str],
     alive: Callable[[], bool] = lambda: True,
+    cut: Callable[[], None] = lambda: None,
 ) -> None:
     """Send `request` and stream the answer to the client; 502 with `unreachable(error)`
-    when the upstream cannot be reached. Once `alive()` turns false (the sandbox was
-    killed or paused) the answer is cut off, as a dropped connection is: a killed guest's
-    network is gone without a reset, and its streams would otherwise hang."""
+    when the upstream cannot be reached. The answer is cut off with `cut()` when the
+    upstream breaks mid-answer, or once `alive()` turns false (the sandbox was killed or
+    paused: a killed guest's network is gone without a reset, and its streams would
+    otherwise hang)."""
     try:
         upstream = await client.send(request, stream=True)
     except httpx.HTTPError as exc:
@@ -82,6 +84,9 @@ async def stream_through(
     ended = asyncio.ensure_future(_until_dead(alive))
     try:
         await asyncio.wait({relay, gone, ended}, return_when=asyncio.FIRST_COMPLETED)
+        broke = relay.done() and not relay.cancelled() and relay.exception() is None
+        if (ended.done() and not relay.done()) or (broke and not relay.result()):
+            cut()
     finally:
         for task in (relay, gone, ended):
             task.cancel()
@@ -99,7 +104,8 @@ async def _until_dead(alive: Callable[[], bool], every: float = 1.0) -> None:
         await asyncio.sleep(every)
 
 
-async def _relay(send: Send, upstream: httpx.Response, source: str) -> None:
+async def _relay(send: Send, upstream: httpx.Response, source: str) -> bool:
+    """Copy the answer; False when the upstream broke before its end."""
     try:
         await send({
             "type": "http.response.start",
@@ -109,5 +115,7 @@ async def _relay(send: Send, upstream: httpx.Response, source: str) -> None:
         async for chunk in upstream.aiter_raw():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+        return True
     except httpx.HTTPError as exc:
         log.warning("stream from %s broke: %s", source, exc)
+        return False
