@@ -42,7 +42,10 @@ traffic to public addresses or need what a local server cannot give:
 - every test with "internet" in its id: checks that the sandbox can (or cannot) reach
   public websites;
 - every test whose function calls `get_host(`: it opens `https://<port>-<id>.<domain>`
-  sandbox URLs, which need E2B's wildcard DNS and TLS (and would go to public DNS).
+  sandbox URLs, which need E2B's wildcard DNS and TLS (and would go to public DNS);
+- every test whose function asserts `"https://sandbox.e2b.app"`: mocked tests of the SDK's
+  default sandbox address, which holds only without `E2B_SANDBOX_URL`, and a server
+  without E2B's wildcard DNS must set it.
 
 As a safety net the pytest process also gets `HTTP(S)_PROXY`/`ALL_PROXY` set to a closed
 loopback port with `NO_PROXY=127.0.0.1,localhost`, so an HTTP client that honours the
@@ -85,6 +88,10 @@ DEAD_PROXY = "http://127.0.0.1:9"
 REASON_NETWORK_FILE = "test_network.py: public websites and httpbin via wildcard sandbox hosts"
 REASON_INTERNET = "'internet' test: checks reaching public websites from the sandbox"
 REASON_GET_HOST = "uses get_host(): needs E2B wildcard DNS/TLS sandbox hostnames"
+# A mocked test that asserts the SDK's default sandbox address, which only holds without
+# E2B_SANDBOX_URL; a server without E2B's wildcard DNS must set that variable.
+DEFAULT_SANDBOX_URL = '"https://sandbox.e2b.app"'
+REASON_DEFAULT_URL = "asserts the SDK's default sandbox URL: needs running without E2B_SANDBOX_URL"
 
 
 def log(message: str) -> None:
@@ -158,6 +165,7 @@ def exclusions(sdk: Path, ids: list[str]) -> dict[str, str]:
     """Test id -> why it is not run."""
     excluded: dict[str, str] = {}
     host_users: dict[str, set[str]] = {}
+    default_url_users: dict[str, set[str]] = {}
     for test_id in ids:
         file, _, rest = test_id.partition("::")
         function = rest.split("::")[-1].split("[")[0]
@@ -168,8 +176,11 @@ def exclusions(sdk: Path, ids: list[str]) -> dict[str, str]:
         else:
             if file not in host_users:
                 host_users[file] = functions_calling(sdk / file, "get_host(")
+                default_url_users[file] = functions_calling(sdk / file, DEFAULT_SANDBOX_URL)
             if function in host_users[file]:
                 excluded[test_id] = REASON_GET_HOST
+            elif function in default_url_users[file]:
+                excluded[test_id] = REASON_DEFAULT_URL
     return excluded
 
 
