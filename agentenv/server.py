@@ -10,6 +10,10 @@ from .config import Config
 from .observe.logs import configure_logging
 from .proxy.reset import CLIENT_CONNECTIONS
 
+# An idle client connection is kept longer than the SDKs' pools keep theirs (reqwest's
+# 90 s): a server closing first races a client reusing it, which then fails mid-request.
+KEEP_ALIVE_SECONDS = 120
+
 
 def run_server(cfg: Config) -> None:
     configure_logging(cfg.server.log_format)
@@ -25,8 +29,13 @@ def run_server(cfg: Config) -> None:
         f"aenv server ({role}) listening on http://{cfg.server.host}:{cfg.server.port}", flush=True
     )
     # Its loggers go through ours (format, request ids); it installs none of its own.
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=cfg.server.host, port=cfg.server.port, log_config=None)
+    config = uvicorn.Config(
+        app,
+        host=cfg.server.host,
+        port=cfg.server.port,
+        log_config=None,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
+    server = uvicorn.Server(config)
     CLIENT_CONNECTIONS.attach(server.server_state)
     server.run()

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..net.rules import MAX_ENTRIES as MAX_RULES
 from .limits import MAX_ENTRIES, PRINTABLE, EnvVars, Metadata
 
 
@@ -17,6 +18,30 @@ class _Request(BaseModel):
 
 class AutoResume(_Request):
     enabled: bool = False
+
+
+class NetworkEgress(_Request):
+    """E2B's egress rules (`PUT /sandboxes/{id}/network` takes these alone)."""
+
+    allowOut: list[str] | None = Field(default=None, max_length=MAX_RULES)
+    denyOut: list[str] | None = Field(default=None, max_length=MAX_RULES)
+
+
+class NetworkUpdate(NetworkEgress):
+    """Body of `PUT /sandboxes/{id}/network`: replaces the rules, clearing what it omits."""
+
+    allow_internet_access: bool = True
+
+
+class SandboxNetwork(NetworkEgress):
+    """The `network` option of a create."""
+
+    # False: requests to the sandbox's ports need its `trafficAccessToken`.
+    allowPublicTraffic: bool = True
+    # The Host header the sandbox's ports see; `${PORT}` stands for the port.
+    maskRequestHost: str | None = Field(
+        default=None, min_length=1, max_length=256, pattern=PRINTABLE
+    )
 
 
 class NewSandbox(_Request):
@@ -37,6 +62,7 @@ class NewSandbox(_Request):
     # MCP servers for the template's `mcp-gateway`, which the SDK itself starts in the new
     # sandbox (killing it if the gateway fails); the server, as E2B's, only accepts it.
     mcp: dict[str, Any] | None = Field(default=None, max_length=MAX_ENTRIES)
+    network: SandboxNetwork | None = None
 
 
 class TimeoutBody(_Request):
@@ -144,9 +170,17 @@ class Lifecycle(BaseModel):
     onTimeout: Literal["kill", "pause"]
 
 
+class NetworkInfo(BaseModel):
+    allowOut: list[str] | None = None
+    denyOut: list[str] | None = None
+    allowPublicTraffic: bool = True
+    maskRequestHost: str | None = None
+
+
 class SandboxDetail(ListedSandbox):
     envdAccessToken: str | None = None
     allowInternetAccess: bool | None = None
+    network: NetworkInfo | None = None
     domain: str | None = None
     lifecycle: Lifecycle | None = None
     pauseMode: Literal["full", "filesystem"] | None = None

@@ -16,6 +16,7 @@ from ..errors import AenvError, InvalidInput
 from ..guest.agent import ENVD_VERSION
 from ..images.pull import default_name
 from ..images.reference import parse_reference
+from ..net.rules import parse_egress
 from ..runtime.adoption import adopt
 from ..runtime.lifecycle import PUBLIC_STATE
 from ..runtime.manager import CreateRequest
@@ -31,12 +32,16 @@ from .models import (
     ForkBody,
     Lifecycle,
     ListedSandbox,
+    NetworkEgress,
+    NetworkInfo,
+    NetworkUpdate,
     NewSandbox,
     PauseBody,
     RefreshBody,
     Sandbox,
     SandboxDetail,
     SandboxMetric,
+    SandboxNetwork,
     TimeoutBody,
 )
 
@@ -56,8 +61,17 @@ def sandbox_answer(record: SandboxRecord, domain: str | None) -> Sandbox:
         envdVersion=ENVD_VERSION,
         alias=record.alias,
         envdAccessToken=record.access_token,
+        trafficAccessToken=record.traffic_token,
         domain=domain,
     )
+
+
+def network_option(network: SandboxNetwork | NetworkEgress | None) -> dict[str, Any]:
+    """The `network` option as stored: what was given, its egress rules checked."""
+    given = network.model_dump(exclude_none=True) if network is not None else {}
+    given.pop("allow_internet_access", None)  # an update's; stored as allow_internet
+    parse_egress(given.get("allowOut", []), given.get("denyOut", []))
+    return given
 
 
 async def _template_for(node: Node, name: str) -> str:
@@ -90,6 +104,7 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
         secure=secure,
         pause_after_idle=body.pauseAfterIdle,
         auto_resume=auto_resume,
+        network=network_option(body.network),
     )
     record = await node.create(request, lambda name: _template_for(node, name))
     return sandbox_answer(record, public_domain(cfg))
@@ -113,6 +128,7 @@ def sandbox_detail(record: SandboxRecord, domain: str | None) -> SandboxDetail:
         **listed_fields(record),
         envdAccessToken=record.access_token,
         allowInternetAccess=record.allow_internet,
+        network=NetworkInfo(**record.network) if record.network else None,
         domain=domain,
         lifecycle=Lifecycle(
             autoResume=record.auto_resume, onTimeout="pause" if record.auto_pause else "kill"
@@ -166,6 +182,13 @@ async def adopt_sandbox(node: NodeDep, sandbox_id: str) -> None:
 @router.post("/sandboxes/{sandbox_id}/timeout", status_code=204)
 async def set_timeout(manager: ManagerDep, sandbox_id: str, body: TimeoutBody) -> Response:
     await manager.set_timeout(sandbox_id, body.timeout)
+    return Response(status_code=204)
+
+
+@router.put("/sandboxes/{sandbox_id}/network", status_code=204)
+async def update_network(manager: ManagerDep, sandbox_id: str, body: NetworkUpdate) -> Response:
+    """E2B's update: the egress rules are replaced, and what the body omits is cleared."""
+    await manager.update_network(sandbox_id, network_option(body), body.allow_internet_access)
     return Response(status_code=204)
 
 

@@ -38,6 +38,8 @@ sandboxes = sa.Table(
     sa.Column("stored", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("pause_after_idle", sa.Integer, nullable=False, server_default="0"),
     sa.Column("auto_resume", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("network", sa.Text, nullable=False, server_default="{}"),
+    sa.Column("traffic_token", sa.Text),
     # A network slot is a node's: two nodes may both use slot 0.
     sa.UniqueConstraint("node", "slot", name="sandboxes_node_slot"),
 )

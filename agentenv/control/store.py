@@ -59,9 +59,14 @@ class SandboxRecord:
     pause_after_idle: int = 0
     # Paused (by its timeout), it resumes when traffic for it reaches the proxy.
     auto_resume: bool = False
+    # E2B's `network` option as given (`allowOut`, `denyOut`, `allowPublicTraffic`,
+    # `maskRequestHost`); `net/rules.py` reads its egress rules.
+    network: dict[str, Any] = field(default_factory=dict)
+    # With `allowPublicTraffic: false`: the token requests to its ports must carry.
+    traffic_token: str | None = None
 
 
-_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers")
+_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers", "network")
 _TIME_FIELDS = ("started_at", "end_at")
 _COLUMNS = [f.name for f in fields(SandboxRecord)]
 _MIGRATIONS = Path(__file__).with_name("migrations")

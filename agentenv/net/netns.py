@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .plan import GATEWAY_MAC, TAP_NAME, NetworkError, NetworkPlan, plan_network
 from .policy import EgressPolicy, HostChain, host_chains, namespace_rules
+from .rules import EgressRules
 
 # The runtime and tools import these from here.
 __all__ = [
@@ -114,18 +115,19 @@ def _namespace_sysctls() -> list[str]:
 
 
 async def apply_policy(
-    plan: NetworkPlan, allow_internet: bool, egress: EgressPolicy | None = None
+    plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy | None = None
 ) -> None:
-    """Set what the guest may reach, replacing the namespace's rules whole; idempotent.
-    Without `egress` the guest gets no exception: no allowed range, no DNS."""
+    """Set what the guest may reach, replacing the namespace's rules whole (atomically, so
+    an update never leaves a gap); idempotent. Without `egress` the guest gets no
+    exception: no allowed range, no DNS."""
     nsenter = ("nsenter", f"--net={_NETNS_DIR / plan.netns}", "--")
     await _run(*nsenter, "sysctl", "-qw", *_namespace_sysctls())
-    rules = namespace_rules(plan, allow_internet, egress or EgressPolicy())
-    await _run(*nsenter, "iptables-restore", stdin=rules.encode())
+    restore = namespace_rules(plan, rules, egress or EgressPolicy())
+    await _run(*nsenter, "iptables-restore", stdin=restore.encode())
 
 
 async def create_network(
-    plan: NetworkPlan, allow_internet: bool, egress: EgressPolicy | None = None
+    plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy | None = None
 ) -> None:
     """Create namespace, veth pair, tap and rules (see `apply_policy`); on failure nothing is
     left behind."""
@@ -153,7 +155,7 @@ async def create_network(
         )
         await _run("ip", "-batch", "-", stdin=host_side.encode())
         await _run("ip", "-n", plan.netns, "-batch", "-", stdin=ns_side.encode())
-        await apply_policy(plan, allow_internet, egress)
+        await apply_policy(plan, rules, egress)
     except BaseException:
         await destroy_network(plan.netns, plan.host_veth)
         raise

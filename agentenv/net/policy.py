@@ -14,6 +14,7 @@ from ipaddress import IPv4Address, IPv4Network
 from ..config import ConfigError, NetConfig
 from .dns import host_dns_server
 from .plan import TAP_NAME, NetworkPlan
+from .rules import EgressRules
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,10 @@ _REFUSE_CHAIN = [
 ]
 
 
+# The node's policy for what a guest's own rules let through.
+_NODE = "NODE-POLICY"
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
     """The operator's exceptions: ranges guests may reach, and where their DNS queries go."""
@@ -76,22 +81,24 @@ def egress_policy(net: NetConfig) -> EgressPolicy:
     return EgressPolicy(tuple(ranges), dns_server)
 
 
-def namespace_rules(plan: NetworkPlan, allow_internet: bool, egress: EgressPolicy) -> str:
-    """iptables-restore input for a sandbox's namespace, where the guest cannot change it."""
+def namespace_rules(plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy) -> str:
+    """iptables-restore input for a sandbox's namespace, where the guest cannot change it:
+    the node's policy first, then the sandbox's own rules within it."""
     from_guest = f"-i {TAP_NAME}"
     nat = [
         f"-A PREROUTING -i {plan.ns_veth} -d {plan.ns_ip} -j DNAT --to-destination {plan.guest_ip}",
         f"-A POSTROUTING -o {plan.ns_veth} -s {plan.guest_ip} -j SNAT --to-source {plan.ns_ip}",
     ]
-    rules = [
+    forward = [
         # Nothing in the namespace serves the guest: gateway and veth addresses are closed.
         f"-A INPUT {from_guest} -j {_REFUSE}",
         # A forged source could pass the guest's packets off as another sandbox's.
         f"-A FORWARD {from_guest} ! -s {plan.guest_ip} -j DROP",
         f"-A FORWARD {from_guest} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
     ]
-    if not allow_internet:
-        rules.append(f"-A FORWARD {from_guest} -j {_REFUSE}")
+    if not rules.internet and not rules.allow:
+        # Nothing at all, DNS included.
+        forward.append(f"-A FORWARD {from_guest} -j {_REFUSE}")
     else:
         if egress.dns_server is not None:
             # The guest's resolver is its gateway; queries go on to the configured server.
@@ -100,15 +107,24 @@ def namespace_rules(plan: NetworkPlan, allow_internet: bool, egress: EgressPolic
                     f"-A PREROUTING {from_guest} -d {plan.guest_gateway} -p {proto} --dport 53"
                     f" -j DNAT --to-destination {egress.dns_server}"
                 )
-            rules.append(
+            forward.append(
                 f"-A FORWARD {from_guest} -m conntrack --ctstate DNAT"
                 f" --ctorigdst {plan.guest_gateway} -j ACCEPT"
             )
         # This server's sandboxes and host-side addresses stay closed whatever is allowed.
-        rules.append(f"-A FORWARD {from_guest} -d {plan.host_subnet} -j {_REFUSE}")
-        rules += [f"-A FORWARD {from_guest} -d {cidr} -j ACCEPT" for cidr in egress.allowed_ranges]
-        rules += [f"-A FORWARD {from_guest} -d {cidr} -j {_REFUSE}" for cidr in BLOCKED_RANGES]
-    filter_table = ["*filter", *_REFUSE_CHAIN, *rules, "COMMIT"]
+        forward.append(f"-A FORWARD {from_guest} -d {plan.host_subnet} -j {_REFUSE}")
+        # The sandbox's own rules, an allowed range winning over a denied one; what they
+        # allow, and what they leave alone, still goes through the node's policy.
+        forward += [f"-A FORWARD {from_guest} -d {cidr} -j {_NODE}" for cidr in rules.allow]
+        forward += [f"-A FORWARD {from_guest} -d {cidr} -j {_REFUSE}" for cidr in rules.denied]
+        forward.append(f"-A FORWARD {from_guest} -j {_NODE}")
+    node_chain = [
+        f":{_NODE} - [0:0]",
+        *(f"-A {_NODE} -d {cidr} -j ACCEPT" for cidr in egress.allowed_ranges),
+        *(f"-A {_NODE} -d {cidr} -j {_REFUSE}" for cidr in BLOCKED_RANGES),
+        f"-A {_NODE} -j ACCEPT",
+    ]
+    filter_table = ["*filter", *_REFUSE_CHAIN, *node_chain, *forward, "COMMIT"]
     return "\n".join(["*nat", *nat, "COMMIT", *filter_table]) + "\n"
 
 

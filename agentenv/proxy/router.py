@@ -26,8 +26,15 @@ from .target import BadTarget, Target, find_target
 from .upstream import UpstreamClients
 from .websocket import bridge_websocket
 
-# Hop-by-hop headers and our routing headers never travel on.
-_DROP_REQUEST = HOP_BY_HOP | {b"host", b"e2b-sandbox-id", b"e2b-sandbox-port"}
+TRAFFIC_TOKEN_HEADER = b"e2b-traffic-access-token"
+
+# Hop-by-hop headers and our routing and access headers never travel on.
+_DROP_REQUEST = HOP_BY_HOP | {
+    b"host",
+    b"e2b-sandbox-id",
+    b"e2b-sandbox-port",
+    TRAFFIC_TOKEN_HEADER,
+}
 
 
 class SandboxProxy:
@@ -81,6 +88,16 @@ class SandboxProxy:
         ):
             await refuse(scope, send, 401, "missing or invalid X-Access-Token for this sandbox")
             return
+        if (
+            route.traffic_token
+            and target.port != AGENT_PORT
+            and not hmac.compare_digest(
+                headers.get(TRAFFIC_TOKEN_HEADER, b""), route.traffic_token.encode()
+            )
+        ):
+            # The sandbox's own ports are private: E2B's `allowPublicTraffic: false`.
+            await refuse(scope, send, 403, "missing or invalid e2b-traffic-access-token")
+            return
         if scope["type"] == "websocket":
             await bridge_websocket(scope, receive, send, f"{route.host}:{target.port}", target.path)
         else:
@@ -97,6 +114,9 @@ class SandboxProxy:
     ) -> None:
         url = f"http://{route.host}:{target.port}{target.path}"
         forward_headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _DROP_REQUEST]
+        if route.mask_host and target.port != AGENT_PORT:
+            masked = route.mask_host.replace("${PORT}", str(target.port))
+            forward_headers.append((b"host", masked.encode()))
         if b"content-length" in headers:
             forward_headers.append((b"content-length", headers[b"content-length"]))
         client = self._upstreams.get(target.sandbox_id, route)

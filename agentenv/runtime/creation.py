@@ -47,6 +47,7 @@ async def requested_record(
         reserved=reserved,
         pause_after_idle=request.pause_after_idle,
         auto_resume=request.auto_resume,
+        network=request.network,
     )
 
 

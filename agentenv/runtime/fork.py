@@ -77,6 +77,7 @@ class SandboxForks:
             secure=source.access_token is not None,
             pause_after_idle=source.pause_after_idle,
             auto_resume=source.auto_resume,
+            network=source.network,
         )
         kit = self.manager.pinned_kit(source)
         return await self.manager.bring_up(

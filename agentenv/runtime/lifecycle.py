@@ -42,6 +42,8 @@ class Event(StrEnum):
     LOST = "lost"
     # Another node takes the sandbox of a node that was lost (`runtime/adoption.py`).
     ADOPT = "adopt"
+    # Its network rules are replaced; it stays as it is (one stored change, then applied).
+    RECONFIGURE = "reconfigure"
 
 
 # (state, event) -> next state. Anything absent is refused with `TransitionError`.
@@ -70,6 +72,8 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     # with it, and the sandbox is paused at its stored files.
     (State.PAUSED, Event.ADOPT): State.PAUSED,
     (State.COPYING, Event.ADOPT): State.PAUSED,
+    (State.RUNNING, Event.RECONFIGURE): State.RUNNING,
+    (State.PAUSED, Event.RECONFIGURE): State.PAUSED,
     # Kill is always possible, from a stuck transient state too; killing again retries.
     **{(state, Event.KILL): State.KILLING for state in State},
 }

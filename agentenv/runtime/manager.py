@@ -42,6 +42,7 @@ from ..net.netns import (
     plan_network,
 )
 from ..net.policy import egress_policy
+from ..net.rules import EGRESS_FIELDS, EgressRules, egress_of
 from ..observe.metrics import timed
 from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
@@ -83,6 +84,8 @@ class CreateRequest:
     secure: bool = False
     pause_after_idle: int = 0
     auto_resume: bool = False
+    # E2B's `network` option, checked (`net/rules.py`).
+    network: dict[str, Any] = field(default_factory=dict)
     # A size of its own (a template build's cpuCount and memoryMB); None: the template's.
     vcpus: int | None = None
     memory_mb: int | None = None
@@ -94,6 +97,10 @@ class Route:
 
     host: str
     access_token: str | None
+    # Requests to its own ports (not the agent's) must carry it; None: they are public.
+    traffic_token: str | None = None
+    # The Host header its own ports see (`${PORT}` is the port); None: as sent.
+    mask_host: str | None = None
 
 
 class GuestLost(Unavailable):
@@ -105,6 +112,15 @@ def guest_kernel_args(cfg: Config) -> str:
     net = cfg.net
     # The gateway answers DNS: the namespace forwards it to the configured resolver.
     return guest_args(net.guest_ip, net.guest_prefix, net.guest_gateway, dns=net.guest_gateway)
+
+
+def egress_rules(record: SandboxRecord) -> EgressRules:
+    return egress_of(record.network, record.allow_internet)
+
+
+def traffic_token_for(network: dict[str, Any]) -> str | None:
+    """A token for the sandbox's ports when E2B's `allowPublicTraffic` is false."""
+    return None if network.get("allowPublicTraffic", True) else secrets.token_urlsafe(24)
 
 
 def new_sandbox_id() -> str:
@@ -325,6 +341,7 @@ class SandboxManager:
         reserved: tuple[str, int] | None = None,
         pause_after_idle: int = 0,
         auto_resume: bool = False,
+        network: dict[str, Any] | None = None,
     ) -> SandboxRecord:
         """Admit a sandbox and store its `creating` record with a free network slot (or
         the `reserved` id and slot of a warm VM); `layers` are stored ones its files start
@@ -352,6 +369,8 @@ class SandboxManager:
                 layers=dict(layers or {}),
                 pause_after_idle=pause_after_idle,
                 auto_resume=auto_resume,
+                network=dict(network or {}),
+                traffic_token=traffic_token_for(network or {}),
             )
             await self._admit(demand_of(record))
             record.slot = reserved[1] if reserved else await self._free_slot()
@@ -454,7 +473,7 @@ class SandboxManager:
 
     async def make_network(self, record: SandboxRecord, cleanup: CleanupStack) -> None:
         plan = self.network_plan(record)
-        await create_network(plan, record.allow_internet, self.egress)
+        await create_network(plan, egress_rules(record), self.egress)
         cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
 
     def vm_spec(self, record: SandboxRecord, kit: Kit) -> VmSpec:
@@ -525,6 +544,24 @@ class SandboxManager:
         end_at = now() + timedelta(seconds=self.clamp_timeout(timeout))
         await self.store.update(record.sandbox_id, end_at=end_at)
 
+    async def update_network(
+        self, sandbox_id: str, egress: dict[str, Any], allow_internet: bool
+    ) -> None:
+        """Replace a sandbox's egress rules (E2B's update: what is not given is cleared).
+        Stored first: a server that dies before the namespace has them applies them on
+        its restart (`renew_network_policy`)."""
+        async with self.lock(sandbox_id):
+            record = await self.get(sandbox_id)
+            next_state(record.state, Event.RECONFIGURE)
+            kept = {k: v for k, v in record.network.items() if k not in EGRESS_FIELDS}
+            record.network = kept | egress
+            record.allow_internet = allow_internet
+            await self.store.update(
+                sandbox_id, network=record.network, allow_internet=allow_internet
+            )
+            if self._has_network(record):
+                await apply_policy(self.network_plan(record), egress_rules(record), self.egress)
+
     async def refresh(self, sandbox_id: str, duration: int) -> None:
         """Keep-alive: extend the expiry to at least now + duration, never shorten it."""
         record = await self.get(sandbox_id)
@@ -567,12 +604,12 @@ class SandboxManager:
         """Apply today's egress policy to a sandbox kept across a restart (one paused on
         another node has no namespace here until it resumes)."""
         if self._has_network(record):
-            await apply_policy(self.network_plan(record), record.allow_internet, self.egress)
+            await apply_policy(self.network_plan(record), egress_rules(record), self.egress)
 
     async def ensure_network(self, record: SandboxRecord) -> None:
         """The namespace of a sandbox that was paused on another node is made here."""
         if not self._has_network(record):
-            await create_network(self.network_plan(record), record.allow_internet, self.egress)
+            await create_network(self.network_plan(record), egress_rules(record), self.egress)
 
     def _has_network(self, record: SandboxRecord) -> bool:
         return namespace_exists(self.network_plan(record).netns)
@@ -580,7 +617,10 @@ class SandboxManager:
     def adopt(self, record: SandboxRecord) -> None:
         """Route the proxy to a running sandbox (one whose VM survived a restart too)."""
         self._routes[record.sandbox_id] = Route(
-            self.network_plan(record).ns_ip, record.access_token
+            self.network_plan(record).ns_ip,
+            record.access_token,
+            record.traffic_token,
+            record.network.get("maskRequestHost"),
         )
 
 

@@ -22,7 +22,7 @@ from .bootsnap import Shape
 from .cleanup import CleanupStack
 from .guestconfig import guest_config
 from .lifecycle import State
-from .manager import SandboxManager, new_sandbox_id, now
+from .manager import SandboxManager, egress_rules, new_sandbox_id, now
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class WarmPool:
         cleanup.push("warm VM", vm.resources.run)
         # The stored record holds the network slot from here on.
         await manager.release_slot(vm.slot)
-        if not record.allow_internet:
+        if not egress_rules(record).unrestricted:
             await manager.renew_network_policy(record)
         agent = manager.agent(record)
         try:

@@ -12,16 +12,24 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
-from agentenv.net.netns import create_network, destroy_network, ensure_host_forwarding
+from agentenv.net.netns import (
+    apply_policy,
+    create_network,
+    destroy_network,
+    ensure_host_forwarding,
+)
 from agentenv.net.plan import TAP_NAME, NetworkPlan, plan_network
 from agentenv.net.policy import EgressPolicy
+from agentenv.net.rules import EgressRules, parse_egress
 
 from ..netlab import (
     RESOLVED_IP,
     Lab,
     host_addresses,
     lab,
+    peer,
     probe_command,
+    random_slash30,
     reached,
     remove_host_chains,
     remove_namespace,
@@ -62,12 +70,15 @@ def _plan(network: tuple[str, str], slot: int) -> NetworkPlan:
     )
 
 
+OPEN = EgressRules()
+
+
 @asynccontextmanager
 async def sandbox(
     network: tuple[str, str],
     slot: int,
     *,
-    allow_internet: bool = True,
+    rules: EgressRules = OPEN,
     egress: EgressPolicy | None = None,
 ) -> AsyncIterator[tuple[NetworkPlan, str]]:
     """A sandbox's network whose tap is replaced by a veth to a namespace at the guest's
@@ -75,7 +86,7 @@ async def sandbox(
     plan = _plan(network, slot)
     guest = f"{plan.netns}-guest"
     try:
-        await create_network(plan, allow_internet, egress)
+        await create_network(plan, rules, egress)
         sh("ip", "netns", "add", guest)
         inside = ["ip", "-n", plan.netns]
         sh(*inside, "link", "del", TAP_NAME)
@@ -139,7 +150,7 @@ async def test_guest_reaches_the_internet_and_nothing_else(
 
 
 async def test_no_internet_means_no_new_connection(network: tuple[str, str], around: Lab) -> None:
-    async with sandbox(network, 3, allow_internet=False) as (plan, guest):
+    async with sandbox(network, 3, rules=EgressRules(internet=False)) as (plan, guest):
         with serving("guest", netns=guest) as port:
             assert fetch(f"http://{plan.ns_ip}:{port}/") == "guest"
         targets = [around.url("internet"), f"dns://{plan.guest_gateway}/example.test"]
@@ -161,3 +172,21 @@ async def test_allowed_ranges_and_dns(network: tuple[str, str], around: Lab) -> 
         ]
         outcomes = reached(probe([private, resolve, *closed], guest))
         assert outcomes == {private: "private", resolve: RESOLVED_IP}
+
+
+async def test_a_sandboxs_own_rules(network: tuple[str, str], around: Lab) -> None:
+    """E2B's allowOut and denyOut on real rules: a denied host is closed, allowed wins over
+    denied, an update replaces the rules whole, and allowing a private range opens nothing."""
+    with peer(random_slash30("198.51.100.0/24")) as elsewhere:
+        with serving("elsewhere", netns=elsewhere.netns) as port:
+            internet, other = around.url("internet"), f"http://{elsewhere.ip}:{port}/"
+            private = around.url("private")
+            denied = parse_egress([], [elsewhere.ip])
+            async with sandbox(network, 5, rules=denied) as (plan, guest):
+                assert reached(probe([internet, other], guest)) == {internet: "internet"}
+                only = parse_egress([f"{around.internet.ip}/32", around.private.ip], ["0.0.0.0/0"])
+                await apply_policy(plan, only, EgressPolicy())
+                assert reached(probe([internet, other, private], guest)) == {internet: "internet"}
+                await apply_policy(plan, EgressRules(), EgressPolicy())
+                both = {internet: "internet", other: "elsewhere"}
+                assert reached(probe([internet, other, private], guest)) == both

@@ -15,6 +15,7 @@ from agentenv.net.netns import (
     plan_network,
 )
 from agentenv.net.policy import EgressPolicy
+from agentenv.net.rules import EgressRules
 
 PREFIX = "aenvu"
 
@@ -44,7 +45,7 @@ def test_plan_derives_everything_from_the_slot() -> None:
 async def test_create_and_destroy_leave_nothing_behind() -> None:
     plan = _plan(1, "realnet")
     await destroy_network(plan.netns, plan.host_veth)
-    await create_network(plan, allow_internet=False)
+    await create_network(plan, EgressRules(internet=False))
     try:
         assert plan.netns in list_namespaces(PREFIX)
         assert Path(f"/sys/class/net/{plan.host_veth}").exists()
@@ -81,7 +82,7 @@ async def test_failed_create_cleans_up() -> None:
     )
     try:
         with pytest.raises(NetworkError):
-            await create_network(plan, allow_internet=True)
+            await create_network(plan, EgressRules())
         assert plan.netns not in list_namespaces(PREFIX)
     finally:
         subprocess.run(["ip", "link", "del", plan.host_veth], check=False)
@@ -100,12 +101,12 @@ async def test_apply_policy_replaces_the_rules_whole() -> None:
     """What recovery can use on a namespace made under an older policy."""
     plan = _plan(4, "reapply")
     await destroy_network(plan.netns, plan.host_veth)
-    await create_network(plan, allow_internet=False)
+    await create_network(plan, EgressRules(internet=False))
     try:
         closed = _namespace_rules(plan.netns)
         assert "-A FORWARD -i tap0 -j REFUSE" in closed
-        await apply_policy(plan, True, EgressPolicy(dns_server=IPv4Address("10.0.0.2")))
-        await apply_policy(plan, True, EgressPolicy(dns_server=IPv4Address("10.0.0.3")))
+        await apply_policy(plan, EgressRules(), EgressPolicy(dns_server=IPv4Address("10.0.0.2")))
+        await apply_policy(plan, EgressRules(), EgressPolicy(dns_server=IPv4Address("10.0.0.3")))
         opened = _namespace_rules(plan.netns)
         assert "-A FORWARD -i tap0 -j REFUSE" not in opened
         assert "--to-destination 10.0.0.3" in opened

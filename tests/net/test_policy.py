@@ -11,6 +11,7 @@ from agentenv.config import ConfigError, NetConfig
 from agentenv.net import policy
 from agentenv.net.plan import plan_network
 from agentenv.net.policy import BLOCKED_RANGES, EgressPolicy, egress_policy, host_chains
+from agentenv.net.rules import EgressRules
 
 PLAN = plan_network(
     3,
@@ -26,6 +27,10 @@ REJECT = "-j REFUSE"
 
 def _forward(rules: str) -> list[str]:
     return [line for line in rules.splitlines() if line.startswith("-A FORWARD")]
+
+
+def _node_policy(rules: str) -> list[str]:
+    return [line for line in rules.splitlines() if line.startswith("-A NODE-POLICY")]
 
 
 def _blocked(address: str) -> bool:
@@ -49,35 +54,64 @@ def test_blocked_ranges_cover_private_local_and_reserved_space() -> None:
 
 
 def test_namespace_keeps_the_guest_off_its_own_namespace_and_private_ranges() -> None:
-    rules = policy.namespace_rules(PLAN, True, EgressPolicy())
+    rules = policy.namespace_rules(PLAN, EgressRules(), EgressPolicy())
     # Refused at once: TCP with a reset (not rate-limited like ICMP), the rest with ICMP.
     assert "-A REFUSE -p tcp -j REJECT --reject-with tcp-reset" in rules
     assert "-A REFUSE -j REJECT --reject-with icmp-admin-prohibited" in rules
     assert f"-A INPUT -i tap0 {REJECT}" in rules
     # The host still reaches the guest on every port through the namespace address.
     assert "-A PREROUTING -i aenvp3n -d 10.198.0.14 -j DNAT --to-destination 169.254.0.21" in rules
-    forward = _forward(rules)
-    assert forward[:3] == [
+    assert _forward(rules) == [
         "-A FORWARD -i tap0 ! -s 169.254.0.21 -j DROP",
         "-A FORWARD -i tap0 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
         f"-A FORWARD -i tap0 -d 10.198.0.0/16 {REJECT}",
+        "-A FORWARD -i tap0 -j NODE-POLICY",
     ]
-    assert forward[3:] == [f"-A FORWARD -i tap0 -d {cidr} {REJECT}" for cidr in BLOCKED_RANGES]
+    assert _node_policy(rules) == [
+        *(f"-A NODE-POLICY -d {cidr} {REJECT}" for cidr in BLOCKED_RANGES),
+        "-A NODE-POLICY -j ACCEPT",
+    ]
     # Without a DNS server the gateway answers nothing: no DNAT from the guest.
     assert "-i tap0 -d 169.254.0.22" not in rules
 
 
-def test_allowed_ranges_come_after_the_servers_subnet_and_before_the_blocks() -> None:
+def test_allowed_ranges_come_before_the_blocks() -> None:
     allowed = (IPv4Network("10.20.0.0/16"), IPv4Network("169.254.169.254/32"))
-    forward = _forward(policy.namespace_rules(PLAN, True, EgressPolicy(allowed)))
-    subnet = forward.index(f"-A FORWARD -i tap0 -d 10.198.0.0/16 {REJECT}")
-    opened = [forward.index(f"-A FORWARD -i tap0 -d {cidr} -j ACCEPT") for cidr in allowed]
-    first_block = forward.index(f"-A FORWARD -i tap0 -d 0.0.0.0/8 {REJECT}")
-    assert subnet < opened[0] < opened[1] < first_block
+    node = _node_policy(policy.namespace_rules(PLAN, EgressRules(), EgressPolicy(allowed)))
+    opened = [node.index(f"-A NODE-POLICY -d {cidr} -j ACCEPT") for cidr in allowed]
+    first_block = node.index(f"-A NODE-POLICY -d 0.0.0.0/8 {REJECT}")
+    assert opened[0] < opened[1] < first_block
+
+
+def test_a_sandboxs_rules_narrow_the_node_policy_and_never_widen_it() -> None:
+    """Its allowed ranges win over its denied ones, and both go through the node's policy
+    (blocked ranges stay blocked); the server's own subnet is refused before them."""
+    rules = EgressRules(
+        allow=(IPv4Network("203.0.113.0/28"), IPv4Network("10.0.0.0/8")),
+        deny=(IPv4Network("0.0.0.0/0"),),
+    )
+    forward = _forward(policy.namespace_rules(PLAN, rules, EgressPolicy()))
+    assert forward[2:] == [
+        f"-A FORWARD -i tap0 -d 10.198.0.0/16 {REJECT}",
+        "-A FORWARD -i tap0 -d 203.0.113.0/28 -j NODE-POLICY",
+        "-A FORWARD -i tap0 -d 10.0.0.0/8 -j NODE-POLICY",
+        f"-A FORWARD -i tap0 -d 0.0.0.0/0 {REJECT}",
+        "-A FORWARD -i tap0 -j NODE-POLICY",
+    ]
+    # No internet with allowed ranges: those alone (and DNS) stay open.
+    closed = EgressRules(internet=False, allow=(IPv4Network("203.0.113.0/28"),))
+    forward = _forward(policy.namespace_rules(PLAN, closed, EgressPolicy()))
+    assert forward[-3:] == [
+        "-A FORWARD -i tap0 -d 203.0.113.0/28 -j NODE-POLICY",
+        f"-A FORWARD -i tap0 -d 0.0.0.0/0 {REJECT}",
+        "-A FORWARD -i tap0 -j NODE-POLICY",
+    ]
 
 
 def test_dns_to_the_gateway_goes_to_the_configured_server() -> None:
-    rules = policy.namespace_rules(PLAN, True, EgressPolicy(dns_server=IPv4Address("10.0.0.2")))
+    rules = policy.namespace_rules(
+        PLAN, EgressRules(), EgressPolicy(dns_server=IPv4Address("10.0.0.2"))
+    )
     for proto in ("udp", "tcp"):
         assert (
             f"-A PREROUTING -i tap0 -d 169.254.0.22 -p {proto} --dport 53"
@@ -88,12 +122,12 @@ def test_dns_to_the_gateway_goes_to_the_configured_server() -> None:
         "-A FORWARD -i tap0 -m conntrack --ctstate DNAT --ctorigdst 169.254.0.22 -j ACCEPT"
     )
     # Before the blocks: the resolver is usually private; only its DNATed queries pass.
-    assert dns < forward.index(f"-A FORWARD -i tap0 -d 10.0.0.0/8 {REJECT}")
+    assert dns < forward.index("-A FORWARD -i tap0 -j NODE-POLICY")
 
 
 def test_no_internet_rejects_every_new_connection_and_has_no_exceptions() -> None:
     egress = EgressPolicy((IPv4Network("10.20.0.0/16"),), IPv4Address("10.0.0.2"))
-    rules = policy.namespace_rules(PLAN, False, egress)
+    rules = policy.namespace_rules(PLAN, EgressRules(internet=False), egress)
     assert _forward(rules) == [
         "-A FORWARD -i tap0 ! -s 169.254.0.21 -j DROP",
         "-A FORWARD -i tap0 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
@@ -105,7 +139,7 @@ def test_no_internet_rejects_every_new_connection_and_has_no_exceptions() -> Non
 @pytest.mark.parametrize("allow_internet", [True, False])
 def test_iptables_restore_accepts_the_rules(allow_internet: bool) -> None:
     egress = EgressPolicy((IPv4Network("10.20.0.0/16"),), IPv4Address("10.0.0.2"))
-    rules = policy.namespace_rules(PLAN, allow_internet, egress)
+    rules = policy.namespace_rules(PLAN, EgressRules(internet=allow_internet), egress)
     # A throwaway namespace: --test parses and checks without applying anything.
     checked = subprocess.run(
         ["unshare", "--net", "iptables-restore", "--test"],
