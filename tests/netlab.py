@@ -18,8 +18,8 @@ METADATA_IP = "169.254.169.254"
 # What the lab's DNS resolver answers for any name.
 RESOLVED_IP = "192.0.2.53"
 
-# Serves `reply` until killed: to HTTP GETs, to any UDP datagram, or as the A record of any
-# DNS question. Prints its port once it listens.
+# Serves `reply` until killed: to HTTP GETs (over TLS too), to any UDP datagram, or as the
+# A record of any DNS question. Prints its port once it listens.
 SERVER = r"""
 import http.server, socket, struct, sys
 kind, address, port, reply = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -41,8 +41,13 @@ def answer(query):
     record = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + socket.inet_aton(reply)
     return header + query[12:end] + record
 
-if kind == "http":
+if kind in ("http", "https"):
     server = http.server.ThreadingHTTPServer((address, port), Reply)
+    if kind == "https":  # the certificate and key file follows the reply
+        import ssl
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(sys.argv[5])
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     print(server.server_address[1], flush=True)
     server.serve_forever()
 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -193,10 +198,17 @@ def metadata_service(at: Peer, sandbox_subnet: str) -> Iterator[str]:
 
 @contextmanager
 def serving(
-    reply: str, *, kind: str = "http", address: str = "0.0.0.0", port: int = 0, netns: str = ""
+    reply: str,
+    *,
+    kind: str = "http",
+    address: str = "0.0.0.0",
+    port: int = 0,
+    netns: str = "",
+    certificate: str = "",
 ) -> Iterator[int]:
-    """A SERVER answering `reply` (in `netns`, if given) until the block ends; yields its port."""
-    command = [sys.executable, "-c", SERVER, kind, address, str(port), reply]
+    """A SERVER answering `reply` (in `netns`, if given) until the block ends; yields its
+    port. `kind` "https" needs a `certificate` file (certificate and key, PEM)."""
+    command = [sys.executable, "-c", SERVER, kind, address, str(port), reply, certificate]
     if netns:
         command = ["ip", "netns", "exec", netns, *command]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .plan import GATEWAY_MAC, TAP_NAME, NetworkError, NetworkPlan, plan_network
-from .policy import EgressPolicy, HostChain, host_chains, namespace_rules
+from .policy import EgressPolicy, EgressPorts, HostChain, host_chains, namespace_rules
 from .rules import EgressRules
 
 # The runtime and tools import these from here.
@@ -84,10 +84,13 @@ def remove_chains(chains: Iterable[HostChain]) -> None:
         _iptables(chain.table, "-X", chain.name)
 
 
-async def ensure_host_forwarding(host_subnet: str, name_prefix: str) -> None:
-    """Install this server's host chains (forwarding, masquerading, isolation); idempotent."""
+async def ensure_host_forwarding(
+    host_subnet: str, name_prefix: str, proxy: EgressPorts | None = None
+) -> None:
+    """Install this server's host chains (forwarding, masquerading, isolation, the egress
+    proxy's ports); idempotent."""
     enable_forwarding()
-    await asyncio.to_thread(install_chains, host_chains(name_prefix, host_subnet))
+    await asyncio.to_thread(install_chains, host_chains(name_prefix, host_subnet, proxy))
 
 
 def remove_host_forwarding(host_subnet: str, name_prefix: str) -> None:

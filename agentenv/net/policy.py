@@ -54,11 +54,22 @@ _NODE = "NODE-POLICY"
 
 
 @dataclass(frozen=True)
+class EgressPorts:
+    """Where the node's egress proxy listens for guests' connections to ports 80 (HTTP)
+    and 443 (TLS) (`net/egressproxy.py`)."""
+
+    http: int
+    tls: int
+
+
+@dataclass(frozen=True)
 class EgressPolicy:
-    """The operator's exceptions: ranges guests may reach, and where their DNS queries go."""
+    """The operator's exceptions: ranges guests may reach, and where their DNS queries go;
+    and where the node's egress proxy listens, once it does."""
 
     allowed_ranges: tuple[IPv4Network, ...] = ()
     dns_server: IPv4Address | None = None
+    proxy: EgressPorts | None = None
 
 
 def egress_policy(net: NetConfig) -> EgressPolicy:
@@ -111,6 +122,13 @@ def namespace_rules(plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy)
                 f"-A FORWARD {from_guest} -m conntrack --ctstate DNAT"
                 f" --ctorigdst {plan.guest_gateway} -j ACCEPT"
             )
+        if rules.domains and egress.proxy is not None:
+            nat += _to_egress_proxy(plan, rules, egress.proxy)
+            ports = f"{egress.proxy.http},{egress.proxy.tls}"
+            forward.append(
+                f"-A FORWARD {from_guest} -p tcp -d {plan.host_ip} -m multiport --dports {ports}"
+                " -m conntrack --ctstate DNAT -j ACCEPT"
+            )
         # This server's sandboxes and host-side addresses stay closed whatever is allowed.
         forward.append(f"-A FORWARD {from_guest} -d {plan.host_subnet} -j {_REFUSE}")
         # The sandbox's own rules, an allowed range winning over a denied one; what they
@@ -128,6 +146,17 @@ def namespace_rules(plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy)
     return "\n".join(["*nat", *nat, "COMMIT", *filter_table]) + "\n"
 
 
+def _to_egress_proxy(plan: NetworkPlan, rules: EgressRules, ports: EgressPorts) -> list[str]:
+    """nat rules sending the guest's new HTTP and TLS connections to the node's egress
+    proxy (at the host's end of its veth), but for those its allowed ranges cover."""
+    lines = []
+    for port, proxy_port in ((80, ports.http), (443, ports.tls)):
+        to_port = f"-A PREROUTING -i {TAP_NAME} -p tcp --dport {port}"
+        lines += [f"{to_port} -d {cidr} -j RETURN" for cidr in rules.allow]
+        lines.append(f"{to_port} -j DNAT --to-destination {plan.host_ip}:{proxy_port}")
+    return lines
+
+
 @dataclass(frozen=True)
 class HostChain:
     """One of this server's chains on the host, jumped to first from a built-in chain."""
@@ -138,15 +167,25 @@ class HostChain:
     rules: tuple[tuple[str, ...], ...]
 
 
-def host_chains(name_prefix: str, host_subnet: str) -> tuple[HostChain, ...]:
-    """Defence behind the namespaces' rules: sandboxes open nothing on the host or each other."""
+def host_chains(
+    name_prefix: str, host_subnet: str, proxy: EgressPorts | None = None
+) -> tuple[HostChain, ...]:
+    """Defence behind the namespaces' rules: sandboxes open nothing on the host or each
+    other, but the egress proxy's ports."""
     tag = name_prefix.upper()
     veths = f"{name_prefix}+"
     replies = ("-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT")
+    to_proxy: tuple[tuple[str, ...], ...] = ()
+    if proxy is not None:
+        ports = f"{proxy.http},{proxy.tls}"
+        to_proxy = (
+            ("-i", veths, "-p", "tcp", "-m", "multiport", "--dports", ports, "-j", "ACCEPT"),
+        )
     return (
         HostChain("filter", f"{tag}-INPUT", "INPUT", (
             # Replies to the host's own connections to its guests (API, proxy) pass.
             ("-i", veths, *replies),
+            *to_proxy,
             ("-i", veths, "-j", "DROP"),
         )),
         HostChain("filter", f"{tag}-FORWARD", "FORWARD", (

@@ -1,8 +1,11 @@
-"""A sandbox's own egress rules, as E2B's `network` option gives them: `allowOut` and
-`denyOut` address lists, allowed entries winning over denied ones.
+"""A sandbox's own egress rules, as E2B's `network` option gives them: `allowOut` (addresses,
+CIDR blocks and domains) and `denyOut` (addresses and CIDR blocks), allowed entries winning
+over denied ones.
 
 They narrow what the node's policy (`net/policy.py`) lets guests reach and never widen it:
-an `allowOut` entry does not open a private range, the host or another sandbox.
+an `allowOut` entry does not open a private range, the host or another sandbox. Domains are
+matched on HTTP's Host header and TLS's server name by the node's egress proxy
+(`net/egressproxy.py`).
 """
 
 from __future__ import annotations
@@ -27,20 +30,35 @@ class EgressRules:
     internet: bool = True
     allow: tuple[IPv4Network, ...] = ()
     deny: tuple[IPv4Network, ...] = ()
+    # Host names (`example.com`, `*.example.com`, `*`) allowed over HTTP and TLS.
+    domains: tuple[str, ...] = ()
 
     @property
     def unrestricted(self) -> bool:
-        return self.internet and not self.allow and not self.deny
+        return self.internet and not self.allow and not self.deny and not self.domains
 
     @property
     def denied(self) -> tuple[IPv4Network, ...]:
         """The denied ranges, all traffic when internet access is off (E2B's equivalence)."""
         return self.deny if self.internet else (IPv4Network(ALL_TRAFFIC),)
 
+    def allows_host(self, host: str) -> bool:
+        """Whether `host` (lower-case) matches an allowed domain, as E2B matches them."""
+        return any(_matches(host, pattern) for pattern in self.domains)
+
 
 def parse_egress(allow_out: list[str], deny_out: list[str], internet: bool = True) -> EgressRules:
     """Rules from E2B's lists; InvalidInput names the first bad entry."""
-    return EgressRules(internet, _networks("allowOut", allow_out), _networks("denyOut", deny_out))
+    domains = tuple(_domain(e) for e in allow_out if _looks_like_domain(e))
+    addresses = [e for e in allow_out if not _looks_like_domain(e)]
+    deny = _networks("denyOut", deny_out)
+    if domains and internet and IPv4Network(ALL_TRAFFIC) not in deny:
+        # E2B's rule and words: a domain allow-list only makes sense over denying all.
+        raise InvalidInput(
+            "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC'"
+            " in deny out to block all other traffic."
+        )
+    return EgressRules(internet, _networks("allowOut", addresses), deny, domains)
 
 
 def egress_of(network: dict[str, Any], internet: bool) -> EgressRules:
@@ -56,11 +74,6 @@ def _networks(field: str, entries: list[str]) -> tuple[IPv4Network, ...]:
         try:
             network = ip_network(entry.strip(), strict=False)
         except ValueError:
-            if field == "allowOut" and _looks_like_domain(entry):
-                raise InvalidInput(
-                    f"network.allowOut: {entry!r}: domain rules are not supported yet;"
-                    " give IP addresses or CIDR blocks"
-                ) from None
             raise InvalidInput(f"invalid {_NOUN[field]} {entry}") from None
         if not isinstance(network, IPv4Network):
             raise InvalidInput(f"network.{field}: {entry!r}: sandboxes have IPv4 only")
@@ -72,9 +85,27 @@ def _networks(field: str, entries: list[str]) -> tuple[IPv4Network, ...]:
 _NOUN = {"allowOut": "allowed address", "denyOut": "denied CIDR"}
 
 
+def _domain(entry: str) -> str:
+    return entry.strip().lower().rstrip(".")
+
+
 def _looks_like_domain(entry: str) -> bool:
-    labels = entry.removeprefix("*.").split(".")
+    name = _domain(entry)
+    if name == "*":
+        return True
+    labels = name.removeprefix("*.").split(".")
     # A top-level label is never all digits: `300.1.1.1` is a bad address, not a name.
-    return not labels[-1].isdigit() and all(
-        label and label.replace("-", "").isalnum() and label.isascii() for label in labels
+    return (
+        not labels[-1].isdigit()
+        and all(
+            0 < len(label) < 64 and label.replace("-", "").replace("_", "").isalnum()
+            for label in labels
+        )
+        and name.isascii()
     )
+
+
+def _matches(host: str, pattern: str) -> bool:
+    if pattern == "*" or host == pattern:
+        return True
+    return pattern.startswith("*.") and host.endswith(pattern[1:])

@@ -101,6 +101,8 @@ class Route:
     traffic_token: str | None = None
     # The Host header its own ports see (`${PORT}` is the port); None: as sent.
     mask_host: str | None = None
+    # Its egress rules: the egress proxy reads its allowed domains.
+    egress: EgressRules = field(default_factory=EgressRules)
 
 
 class GuestLost(Unavailable):
@@ -315,6 +317,10 @@ class SandboxManager:
 
     def route(self, sandbox_id: str) -> Route | None:
         return self._routes.get(sandbox_id)
+
+    def egress_rules_at(self, address: str) -> EgressRules | None:
+        """The egress rules of the running sandbox at namespace address `address`."""
+        return next((r.egress for r in self._routes.values() if r.host == address), None)
 
     def routes(self) -> list[tuple[str, Route]]:
         """Every running sandbox's route, as a list the caller may keep."""
@@ -561,6 +567,8 @@ class SandboxManager:
             )
             if self._has_network(record):
                 await apply_policy(self.network_plan(record), egress_rules(record), self.egress)
+            if sandbox_id in self._routes:
+                self.adopt(record)
 
     async def refresh(self, sandbox_id: str, duration: int) -> None:
         """Keep-alive: extend the expiry to at least now + duration, never shorten it."""
@@ -621,6 +629,7 @@ class SandboxManager:
             record.access_token,
             record.traffic_token,
             record.network.get("maskRequestHost"),
+            egress_rules(record),
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from ..images.pull import ImagePuller
 from ..images.registry import RegistryClient
 from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
+from ..net.egressproxy import EgressProxy
 from ..net.netns import ensure_host_forwarding
 from ..observe.metrics import CACHE, CAPACITY_MB, DISK_MB, SANDBOXES, set_counts
 from ..storage.blockd import BlockdClient
@@ -148,7 +150,12 @@ class Node:
             stack.push_async_callback(boot_snapshots.close)
             boot_snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
         manager = SandboxManager(cfg, store, driver, kit, catalog, boot_snapshots)
-        await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix)
+        egress_proxy = EgressProxy(manager.egress_rules_at, manager.egress, cfg.net.host_subnet)
+        proxy_ports = await egress_proxy.start()
+        stack.push_async_callback(egress_proxy.close)
+        # Before any namespace's rules are written: they send guests to these ports.
+        manager.egress = dataclasses.replace(manager.egress, proxy=proxy_ports)
+        await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix, proxy_ports)
         await recover(manager)
         uploads = Uploads(manager, objects)
         stack.push_async_callback(uploads.close)

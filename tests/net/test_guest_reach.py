@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import sys
@@ -12,6 +13,7 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
+from agentenv.net.egressproxy import EgressProxy
 from agentenv.net.netns import (
     apply_policy,
     create_network,
@@ -190,3 +192,89 @@ async def test_a_sandboxs_own_rules(network: tuple[str, str], around: Lab) -> No
                 await apply_policy(plan, EgressRules(), EgressPolicy())
                 both = {internet: "internet", other: "elsewhere"}
                 assert reached(probe([internet, other, private], guest)) == both
+
+
+# From the guest: an HTTP GET for `host` to `ip:port` (over TLS, with `host` as its SNI, if
+# asked); prints the body, "closed" for a connection closed unanswered, or the failure.
+FETCH_AS = r"""
+import socket, ssl, sys
+ip, port, host, tls = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "tls"
+try:
+    sock = socket.create_connection((ip, port), timeout=5)
+    if tls:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        sock = context.wrap_socket(sock, server_hostname=host)
+    sock.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    print(data.split(b"\r\n\r\n", 1)[-1].decode() if data else "closed")
+except (OSError, ssl.SSLError) as exc:
+    print("failed: " + type(exc).__name__)
+"""
+
+
+def fetch_as(guest: str, ip: str, port: int, host: str, tls: bool = False) -> str:
+    args = [ip, str(port), host, "tls" if tls else "plain"]
+    return sh("ip", "netns", "exec", guest, sys.executable, "-c", FETCH_AS, *args).strip()
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A self-signed certificate and its key, in one PEM file."""
+    pem = tmp_path_factory.mktemp("tls") / "web.pem"
+    sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+       "/CN=allowed.test", "-keyout", str(pem), "-out", str(pem))  # fmt: skip
+    return str(pem)
+
+
+async def test_allowed_domains_go_through_the_egress_proxy(
+    network: tuple[str, str], around: Lab, certificate: str
+) -> None:
+    """HTTP by its Host, TLS by its SNI: an allowed name is served from the address the
+    guests' resolver gives it, whatever address the guest dialled; any other name, a name
+    resolving into a closed range, and every other port are refused."""
+    web = around.internet
+    with ExitStack() as stack:
+        stack.enter_context(serving("web", netns=web.netns, port=80))
+        stack.enter_context(
+            serving("tls-web", kind="https", netns=web.netns, port=443, certificate=certificate)
+        )
+        resolvers = {}
+        for name, answer in (("public", web.ip), ("private", around.private.ip)):
+            at = stack.enter_context(peer(random_slash30("192.168.201.0/24")))
+            stack.enter_context(serving(answer, kind="dns", netns=at.netns, address=at.ip, port=53))
+            resolvers[name] = EgressPolicy(dns_server=IPv4Address(at.ip))
+        rules = parse_egress(["allowed.test", "*.wild.test"], ["0.0.0.0/0"])
+        proxies: list[EgressProxy] = []
+        try:
+            async with sandbox(network, 6, rules=rules) as (plan, guest):
+                # Nothing listens at the address dialled: the proxy connects by name.
+                dialled = "192.0.2.1"
+
+                async def fetch(host: str, port: int = 80, tls: bool = False) -> str:
+                    return await asyncio.to_thread(fetch_as, guest, dialled, port, host, tls)
+
+                for resolver in ("public", "private"):
+                    proxy = EgressProxy({plan.ns_ip: rules}.get, resolvers[resolver], network[1])
+                    proxies.append(proxy)
+                    ports = await proxy.start()
+                    egress = dataclasses.replace(resolvers[resolver], proxy=ports)
+                    await ensure_host_forwarding(network[1], network[0], ports)
+                    await apply_policy(plan, rules, egress)
+                    if resolver == "public":
+                        assert await fetch("allowed.test") == "web"
+                        assert await fetch("x.wild.test") == "web"
+                        assert await fetch("allowed.test", 443, tls=True) == "tls-web"
+                        assert await fetch("other.test") == "closed"
+                        assert (await fetch("other.test", 443, tls=True)).startswith("failed")
+                        # Other ports are not the proxy's: all traffic is denied there.
+                        assert (await fetch("allowed.test", 8443)).startswith("failed")
+                    else:
+                        # An allowed name that resolves into a closed range is refused.
+                        assert await fetch("allowed.test") == "closed"
+        finally:
+            for proxy in proxies:
+                await proxy.close()
+            await ensure_host_forwarding(network[1], network[0])

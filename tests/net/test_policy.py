@@ -189,3 +189,43 @@ def test_egress_policy_parses_the_config(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_egress_policy_refuses_bad_values(net: NetConfig) -> None:
     with pytest.raises(ConfigError, match="net\\."):
         egress_policy(net)
+
+
+def test_domain_rules_send_http_and_tls_to_the_egress_proxy() -> None:
+    """Ports 80 and 443 go to the proxy at the host's end of the veth, but for the allowed
+    ranges; only DNATed connections to the proxy's ports pass the subnet's refusal."""
+    rules = EgressRules(
+        allow=(IPv4Network("198.51.100.0/24"),),
+        deny=(IPv4Network("0.0.0.0/0"),),
+        domains=("example.com",),
+    )
+    egress = EgressPolicy(proxy=policy.EgressPorts(http=40080, tls=40443))
+    text = policy.namespace_rules(PLAN, rules, egress)
+    nat = [line for line in text.splitlines() if line.startswith("-A PREROUTING -i tap0")]
+    assert nat == [
+        "-A PREROUTING -i tap0 -p tcp --dport 80 -d 198.51.100.0/24 -j RETURN",
+        "-A PREROUTING -i tap0 -p tcp --dport 80 -j DNAT --to-destination 10.198.0.13:40080",
+        "-A PREROUTING -i tap0 -p tcp --dport 443 -d 198.51.100.0/24 -j RETURN",
+        "-A PREROUTING -i tap0 -p tcp --dport 443 -j DNAT --to-destination 10.198.0.13:40443",
+    ]
+    forward = _forward(text)
+    to_proxy = forward.index(
+        "-A FORWARD -i tap0 -p tcp -d 10.198.0.13 -m multiport --dports 40080,40443"
+        " -m conntrack --ctstate DNAT -j ACCEPT"
+    )
+    assert to_proxy < forward.index(f"-A FORWARD -i tap0 -d 10.198.0.0/16 {REJECT}")
+    # Without domains, or before the proxy listens, nothing goes to it.
+    assert "DNAT --to-destination 10.198.0.13" not in policy.namespace_rules(
+        PLAN, EgressRules(), egress
+    )
+    checked = subprocess.run(
+        ["unshare", "--net", "iptables-restore", "--test"],
+        input=text,
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stderr
+    chains = {c.name: c for c in host_chains("aenvp", "10.198.0.0/16", egress.proxy)}
+    assert chains["AENVP-INPUT"].rules[1] == (
+        "-i", "aenvp+", "-p", "tcp", "-m", "multiport", "--dports", "40080,40443", "-j", "ACCEPT"
+    )  # fmt: skip

@@ -10,6 +10,17 @@ from agentenv.errors import InvalidInput
 from agentenv.net.rules import MAX_ENTRIES, EgressRules, egress_of, parse_egress
 
 
+def test_domains_over_denying_all_traffic() -> None:
+    rules = parse_egress(["Example.com.", "*.pypi.org", "1.1.1.1"], ["0.0.0.0/0"])
+    assert rules.domains == ("example.com", "*.pypi.org")
+    assert rules.allow == (IPv4Network("1.1.1.1/32"),)
+    assert rules.allows_host("example.com") and rules.allows_host("files.pypi.org")
+    assert not rules.allows_host("pypi.org") and not rules.allows_host("evil-example.com")
+    assert not rules.allows_host("example.com.evil.test")
+    # No internet is all traffic denied already.
+    assert parse_egress(["*"], [], internet=False).allows_host("anything.test")
+
+
 def test_addresses_and_blocks() -> None:
     rules = parse_egress(["1.1.1.1", "8.8.8.0/24"], ["0.0.0.0/0"])
     assert rules.allow == (IPv4Network("1.1.1.1/32"), IPv4Network("8.8.8.0/24"))
@@ -26,7 +37,8 @@ def test_addresses_and_blocks() -> None:
         ([], ["example.com"], "invalid denied CIDR example.com"),
         (["not an address"], [], "invalid allowed address not an address"),
         (["300.1.1.1"], [], "invalid allowed address"),
-        (["*.example.com"], ["0.0.0.0/0"], "domain rules are not supported yet"),
+        (["*.example.com"], ["8.8.8.8"], "must include 'ALL_TRAFFIC' in deny out"),
+        (["exa mple.com"], ["0.0.0.0/0"], "invalid allowed address exa mple.com"),
         (["2001:db8::/32"], [], "IPv4 only"),
         (["1.1.1.1"] * (MAX_ENTRIES + 1), [], f"at most {MAX_ENTRIES} entries"),
     ],
