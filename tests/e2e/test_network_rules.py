@@ -11,7 +11,7 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from ..live import LiveServer, wait_for
+from ..live import TEST_KEY, LiveServer, wait_for
 from ..netlab import Lab, lab, peer, probe_command, random_slash30, reached, serving
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
@@ -104,7 +104,7 @@ def test_bad_rules_are_refused_and_nothing_is_made(server: LiveServer) -> None:
     before = len(Sandbox.list().next_items())
     for network, message in [
         ({"denyOut": ["example.com"]}, "invalid denied CIDR example.com"),
-        ({"allowOut": ["*.example.com"], "denyOut": ["0.0.0.0/0"]}, "not supported yet"),
+        ({"allowOut": ["*.example.com"], "denyOut": ["8.8.8.8"]}, "include 'ALL_TRAFFIC'"),
         ({"allowOut": ["2001:db8::1"]}, "IPv4 only"),
         ({"egressProxy": {"address": "x"}}, "egressProxy"),
     ]:
@@ -115,3 +115,39 @@ def test_bad_rules_are_refused_and_nothing_is_made(server: LiveServer) -> None:
         )
         assert answer.status_code == 400 and message in answer.json()["message"], answer.text
     assert len(Sandbox.list().next_items()) == before
+
+
+def test_allowed_domains(fresh_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over denying all traffic, an allowed domain is reached by name (HTTP Host) through the
+    node's egress proxy; another name, and the same host on another port, are not."""
+    with lab(fresh_server.network[1]) as around, peer(random_slash30("192.168.202.0/24")) as dns:
+        web = around.internet
+        with (
+            serving("web", netns=web.netns, port=80),
+            serving(web.ip, kind="dns", netns=dns.netns, address=dns.ip, port=53),
+        ):
+            fresh_server.extra_env["AENV_NET_DNS_SERVER"] = dns.ip
+            fresh_server.start()
+            monkeypatch.setenv("E2B_API_URL", fresh_server.url)
+            monkeypatch.setenv("E2B_SANDBOX_URL", fresh_server.url)
+            monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+            sandbox = Sandbox.create(
+                network={"allow_out": ["allowed.test", "*.wild.test"], "deny_out": ["0.0.0.0/0"]}
+            )
+            try:
+
+                def curl(url: str, *extra: str) -> tuple[int, str]:
+                    command = shlex.join(["curl", "-sS", "-m", "10", *extra, url])
+                    done = sandbox.commands.run(f'{command}; echo " exit=$?"')
+                    body, _, code = done.stdout.rpartition(" exit=")
+                    return int(code), body
+
+                assert curl("http://allowed.test/") == (0, "web")
+                assert curl("http://api.wild.test/") == (0, "web")
+                assert curl("http://other.test/")[0] != 0
+                assert curl(f"http://{web.ip}/", "-H", "Host: other.test")[0] != 0
+                assert curl(f"http://{web.ip}:{around.ports['internet']}/")[0] != 0
+                # Dialling the address with an allowed Host is the name's to answer.
+                assert curl(f"http://{web.ip}/", "-H", "Host: allowed.test") == (0, "web")
+            finally:
+                sandbox.kill()
