@@ -16,7 +16,7 @@ from ..observe.metrics import CONTENT_TYPE, exposition
 from ..proxy.router import SandboxProxy
 from ..runtime.manager import Route
 from ..runtime.node import Node, refresh_node_metrics
-from . import builds, sandboxes, snapshots, storage, templates, templatetags
+from . import builds, sandboxes, sandboxlogs, snapshots, storage, templates, templatetags
 from .auth import ApiKeyAuth, load_or_create_api_key
 from .deps import NodeDep
 from .errors import install_error_handlers
@@ -59,6 +59,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
 
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
     protected.include_router(sandboxes.router)
+    protected.include_router(sandboxlogs.router)
     protected.include_router(snapshots.router)
     protected.include_router(storage.router)
     # Before the template routes: `DELETE /templates/tags` is not a template named "tags".

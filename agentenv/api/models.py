@@ -203,6 +203,31 @@ class SandboxMetric(BaseModel):
     hostMemUsed: int | None = None
 
 
+LogLevel = Literal["debug", "info", "warn", "error"]
+
+
+class SandboxLogEntry(BaseModel):
+    timestamp: datetime
+    level: LogLevel
+    message: str
+    fields: dict[str, str]
+
+
+class SandboxLogLine(BaseModel):
+    timestamp: datetime
+    # The entry as JSON (`level`, `logger`, `message` and its fields), as E2B's CLI reads it.
+    line: str
+
+
+class SandboxLogs(BaseModel):
+    logs: list[SandboxLogLine]
+    logEntries: list[SandboxLogEntry]
+
+
+class SandboxLogsV2(BaseModel):
+    logs: list[SandboxLogEntry]
+
+
 class ErrorBody(BaseModel):
     code: int
     message: str

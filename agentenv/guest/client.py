@@ -94,12 +94,19 @@ class AgentClient:
 
     async def metrics(self) -> dict[str, Any]:
         """The agent's current CPU, memory and disk figures."""
+        return (await self._get("/metrics")).json()
+
+    async def logs(self, start_ms: int) -> list[dict[str, Any]]:
+        """The sandbox's log entries at or after `start_ms`, oldest first."""
+        return (await self._get("/logs", {"start": str(start_ms)})).json()["entries"]
+
+    async def _get(self, path: str, params: dict[str, str] | None = None) -> httpx.Response:
         async with httpx.AsyncClient(
             base_url=self._base_url, headers=self._headers, timeout=self._timeout
         ) as client:
-            response = await client.get("/metrics")
+            response = await client.get(path, params=params)
             response.raise_for_status()
-            return response.json()
+            return response
 
     async def write_file(self, path: str, data: bytes, user: str = "root") -> None:
         """Write `data` to `path` in the guest as `user` (parents are made)."""

@@ -315,6 +315,17 @@ class SandboxManager:
         self.metrics_history.record(sandbox_id, sample)
         return sample
 
+    async def logs(self, sandbox_id: str, start_ms: int = 0) -> list[dict[str, Any]]:
+        """The sandbox's log entries from `start_ms`, oldest first: its guest keeps them (in
+        its memory, so across pauses); none while it is paused."""
+        record = await self.get(sandbox_id)
+        if self.route(sandbox_id) is None:
+            return []
+        try:
+            return await self.agent(record).logs(start_ms)
+        except httpx.HTTPError as exc:
+            raise Unavailable(f"sandbox '{sandbox_id}' did not report its logs: {exc}") from exc
+
     def route(self, sandbox_id: str) -> Route | None:
         return self._routes.get(sandbox_id)
 

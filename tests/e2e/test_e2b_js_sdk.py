@@ -144,7 +144,7 @@ def test_js_sdk(scenario: str, node_sdk: str, server: LiveServer) -> None:
 
 def test_the_e2b_cli_works_against_the_server(node_sdk: str, server: LiveServer) -> None:
     """`@e2b/cli` from npm, unmodified: templates and sandboxes listed, exec, pause,
-    resume, kill."""
+    resume, logs, kill."""
     env = {**os.environ, "E2B_API_URL": server.url, "E2B_SANDBOX_URL": server.url}
     env["E2B_API_KEY"] = TEST_KEY
     env.pop("E2B_DOMAIN", None)
@@ -170,6 +170,9 @@ def test_the_e2b_cli_works_against_the_server(node_sdk: str, server: LiveServer)
         assert "Paused" in e2b("sandbox", "list", "--state", "paused")
         e2b("sandbox", "resume", sandbox_id)
         assert "Running" in e2b("sandbox", "list")
+        # The guest's log, across the pause: the exec's process, started and ended.
+        logs = e2b("sandbox", "logs", sandbox_id, "--format", "json")
+        assert "from the e2b cli" in logs and "process ended" in logs
     finally:
         e2b("sandbox", "kill", sandbox_id)
     assert sandbox_id not in e2b("sandbox", "list")

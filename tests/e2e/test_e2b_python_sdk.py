@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -260,3 +261,26 @@ def test_an_mcp_gateway_that_cannot_start_leaves_no_sandbox() -> None:
     with pytest.raises(SandboxException, match="Failed to start MCP gateway"):
         Sandbox.create("base", metadata=tag, mcp={"invalid_server": {}})  # type: ignore[arg-type]
     assert Sandbox.list(query=SandboxQuery(metadata=tag)).next_items() == []
+
+
+def test_sandbox_logs(server: LiveServer, sbx: Sandbox) -> None:
+    """Both of E2B's log routes: the guest's processes, filtered and ordered as asked."""
+    sbx.commands.run("echo first")
+    sbx.commands.run("echo second")
+    with server.client() as api:
+        v1 = api.get(f"/sandboxes/{sbx.sandbox_id}/logs").json()
+        v2 = api.get(f"/v2/sandboxes/{sbx.sandbox_id}/logs", params={"search": "started"}).json()
+        back = api.get(
+            f"/v2/sandboxes/{sbx.sandbox_id}/logs", params={"direction": "backward", "limit": 1}
+        ).json()
+        errors = api.get(f"/v2/sandboxes/{sbx.sandbox_id}/logs", params={"level": "error"})
+        bad = api.get(f"/v2/sandboxes/{sbx.sandbox_id}/logs", params={"level": "loud"})
+    lines = [json.loads(entry["line"]) for entry in v1["logs"]]
+    commands = [line["cmd"] for line in lines if line["message"] == "process started"]
+    assert any("echo first" in c for c in commands) and any("echo second" in c for c in commands)
+    assert {line["level"] for line in lines} == {"info"} and len(v1["logEntries"]) == len(lines)
+    started = [entry["fields"]["cmd"] for entry in v2["logs"]]
+    assert started == [c for c in commands]
+    assert [entry["message"] for entry in back["logs"]] == ["process ended"]
+    assert errors.json() == {"logs": []}
+    assert bad.status_code == 400

@@ -210,6 +210,21 @@ async def test_health_envs_metrics(client: httpx.AsyncClient) -> None:
 # -- process -----------------------------------------------------------------------------------
 
 
+async def test_the_sandbox_log_records_processes(client: httpx.AsyncClient) -> None:
+    before = int(time.time() * 1000)
+    out, _, end, _ = await run(client, sh("echo logged; exit 3"))
+    assert out == b"logged\n" and end["exitCode"] == 3
+    entries = (await client.get("/logs", params={"start": before})).json()["entries"]
+    started = [e for e in entries if e["message"] == "process started"]
+    ended = [e for e in entries if e["message"] == "process ended"]
+    assert started[-1]["fields"]["cmd"] == "/bin/sh -c echo logged; exit 3"
+    assert ended[-1]["fields"] == {"pid": started[-1]["fields"]["pid"], "exitCode": "3"}
+    assert {e["level"] for e in entries} == {"info"} and entries[0]["timestampMs"] >= before
+    future = int(time.time() * 1000) + 60_000
+    assert (await client.get("/logs", params={"start": future})).json()["entries"] == []
+    assert (await client.get("/logs", params={"start": "x"})).status_code == 400
+
+
 async def test_start_content_length(client: httpx.AsyncClient) -> None:
     out, err, end, tail = await run(client, sh("echo out; echo err >&2; exit 3"))
     assert (out, err) == (b"out\n", b"err\n")

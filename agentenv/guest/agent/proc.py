@@ -12,6 +12,7 @@ import asyncio
 import base64
 import contextlib
 import fcntl
+import logging
 import os
 import pty
 import signal
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .users import User
+
+log = logging.getLogger("aenv_agent.process")
 
 PIPE_CHUNK = 32 * 1024
 PTY_CHUNK = 16 * 1024
@@ -343,6 +346,9 @@ class ProcessTable:
         task = asyncio.get_running_loop().create_task(self._run(proc, timer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        command = " ".join([str(config.get("cmd", "")), *map(str, config.get("args") or [])])
+        fields = {"pid": proc.pid, "cmd": command, "tag": tag or ""}
+        log.info("process started", extra={"fields": fields})
         return proc, sub
 
     async def _run(self, proc: ManagedProcess, timer: asyncio.TimerHandle | None) -> None:
@@ -352,6 +358,8 @@ class ProcessTable:
             if timer:
                 timer.cancel()
             self.procs.pop(proc.pid, None)
+            fields = {"pid": proc.pid, "exitCode": proc.popen.returncode}
+            log.info("process ended", extra={"fields": fields})
 
     def find(self, selector: dict[str, Any]) -> ManagedProcess | None:
         if "pid" in selector:

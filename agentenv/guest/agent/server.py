@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from . import files, filesystem, init_secret, machine, process
+from . import eventlog, files, filesystem, init_secret, machine, process
 from .connect import ConnectError, error_response, json_response, log_error
 from .reclaim import PROBES, IdleReclaimer
 from .state import STATE_KEY, AgentState, app_key, get_state
@@ -200,6 +200,7 @@ def create_app(
     app.router.add_get("/envs", envs)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/reclaim", reclaim)
+    eventlog.setup(app, log)
     files.setup(app)
     process.setup(app)
     filesystem.setup(app)
