@@ -151,10 +151,9 @@ class StepBuild:
                     continue
                 self._log(number, step.describe())
                 try:
-                    await self._apply(sandbox, step, state)
+                    state = state.after(await self._apply(sandbox, step, state))
                 except StepFailed as exc:
                     raise StepFailed(exc.message, str(index + 1)) from exc
-                state = state.after(step)
                 if step.kind in ("COPY", "RUN"):
                     name = cache_entry_name(keys[index])
                     await self.host.snapshot(sandbox, name, state, memory=False)
@@ -203,7 +202,12 @@ class StepBuild:
                 return done, state, snapshot_id
         return 0, StepState(), recipe.parent
 
-    async def _apply(self, sandbox: str, step: Step, state: StepState) -> None:
+    async def _apply(self, sandbox: str, step: Step, state: StepState) -> Step:
+        """Carry out `step`; the step as carried out (an ENV's values expanded)."""
+        if step.kind == "ENV":
+            values = [await self._expand(sandbox, value, state) for value in step.args[1::2]]
+            pairs = [part for pair in zip(step.args[::2], values, strict=True) for part in pair]
+            return replace(step, args=tuple(pairs))
         if step.kind == "RUN":
             user = step.args[1] if len(step.args) > 1 and step.args[1] else state.user
             await self._run(sandbox, step.args[0], user, state, state.workdir)
@@ -214,6 +218,25 @@ class StepBuild:
             await self._ensure_user(sandbox, step.args[0], state)
         elif step.kind == "COPY":
             await self._copy(sandbox, step, state)
+        return step
+
+    async def _expand(self, sandbox: str, value: str, state: StepState) -> str:
+        """An ENV value with `$VAR` and `${VAR}` expanded by the shell, as root, over the
+        build's env so far (as E2B, and Docker for earlier ENVs); quotes, backslashes and
+        command substitution are kept literal."""
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+        escaped = escaped.replace("$(", "\\$(")
+        out: list[str] = []
+        try:
+            code = await self.host.run(
+                sandbox, [SHELL, "-c", f'printf %s "{escaped}"'], user="root", cwd="/",
+                env=state.env, output=out.append,
+            )  # fmt: skip
+        except ConnectError as exc:
+            raise StepFailed(f"failed to evaluate environment variable: {exc}") from exc
+        if code != 0:
+            raise StepFailed(f"failed to evaluate environment variable: exit status {code}")
+        return "\n".join(out)  # output comes in lines
 
     async def _run(
         self,

@@ -159,6 +159,7 @@ DOCKERFILE = """\
 FROM e2bdev/base
 ARG PORT=8080
 ENV SITE=/srv/www
+ENV DATA=$HOME/data
 COPY site/ $SITE/
 RUN test -r $SITE/index.html
 WORKDIR $SITE
@@ -181,11 +182,13 @@ def test_aenv_builds_a_dockerfile_and_the_sdk_parses_one(
     assert built.returncode == 0, built.stderr
     assert built.stdout == "from-docker\n"
     # RUN keeps $SITE for its shell; COPY and WORKDIR take it from ENV, as in Docker.
-    assert "[builder 4/5] RUN test -r $SITE/index.html" in built.stderr, built.stderr
-    assert "[builder 3/5] COPY site/ /srv/www/" in built.stderr
+    assert "[builder 5/6] RUN test -r $SITE/index.html" in built.stderr, built.stderr
+    assert "[builder 4/6] COPY site/ /srv/www/" in built.stderr
     sandbox = Sandbox.create("from-docker")
     try:
         assert sandbox.commands.run("curl -s localhost:8080").stdout == "from a Dockerfile\n"
+        # An ENV value the builder's shell expanded (as root, as E2B does).
+        assert sandbox.commands.run("echo $DATA").stdout == "/root/data\n"
     finally:
         sandbox.kill()
 

@@ -52,6 +52,13 @@ class FakeHost:
         output: Callable[[str], None] | None,
     ) -> int:
         command = argv[-1]
+        if command.startswith("printf %s "):
+            # An ENV value's expansion: the same shell command, run here over `env`.
+            assert output is not None and user == "root"
+            done = subprocess.run(["/bin/sh", "-c", command], env=env, capture_output=True)
+            for line in done.stdout.decode().split("\n"):
+                output(line)
+            return done.returncode
         if command.startswith("id -u user"):
             self.calls.append(("ensure-user", user))
             return 0
@@ -299,3 +306,21 @@ def test_copy_of_what_was_not_uploaded_says_so(context: Path, tmp_path: Path) ->
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     assert done.returncode == 1
     assert "COPY: lib is not in the uploaded files" in done.stderr
+
+
+def test_env_values_are_expanded_by_the_shell_over_earlier_ones() -> None:
+    steps = [
+        {"type": "ENV", "args": ["A", "1", "HOME_BIN", "/opt/bin"]},
+        {"type": "ENV", "args": ["B", "$A-x", "P", "${HOME_BIN}:$UNSET", "Q", 'q"`$(id)`\\n']},
+        {"type": "RUN", "args": ["make"]},
+    ]
+    host = FakeHost()
+    _build(host, steps)
+    env = next(call[4] for call in host.calls if call[:2] == ("run", "make"))
+    assert env == {
+        "A": "1",
+        "HOME_BIN": "/opt/bin",
+        "B": "1-x",
+        "P": "/opt/bin:",
+        "Q": 'q"`$(id)`\\n',
+    }
