@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, FastAPI, Response
 from fastapi.responses import PlainTextResponse
 
 from ..config import Config
+from ..images.buildfiles import signing_key
 from ..observe.logs import RequestIds
 from ..observe.metrics import CONTENT_TYPE, exposition
 from ..proxy.router import SandboxProxy
@@ -31,7 +32,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        node = await Node.open(cfg)
+        node = await Node.open(cfg, signing_key(api_key))
         app.state.node = node
         try:
             yield

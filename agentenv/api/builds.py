@@ -155,9 +155,18 @@ async def file_upload_link(
     if not builds.tracker.of_template(template_id):
         await asyncio.to_thread(catalog.templates.get, template_id)
     present = await asyncio.to_thread(builds.files.present, files_hash)
-    base = str(request.base_url).rstrip("/")
-    url = f"{base}{UPLOADS}{files_hash.lower()}?{builds.files.upload_query(files_hash)}"
+    url = f"{public_base(request)}{UPLOADS}{files_hash.lower()}?"
+    url += builds.files.upload_query(files_hash)
     return FileUpload(present=present, url=url)
+
+
+def public_base(request: Request) -> str:
+    """The address the client used: a cluster's control plane names itself in
+    `X-Forwarded-Host` and `X-Forwarded-Proto` when it relays."""
+    host = request.headers.get("x-forwarded-host")
+    if not host:
+        return str(request.base_url).rstrip("/")
+    return f"{request.headers.get('x-forwarded-proto', 'http')}://{host}"
 
 
 UPLOADS = "/build-files/"

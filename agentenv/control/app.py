@@ -22,6 +22,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from ..api.auth import ApiKeyAuth, load_or_create_api_key
+from ..api.builds import UPLOADS
 from ..api.errors import error_response, install_error_handlers
 from ..api.limits import BodyLimit
 from ..api.listing import ListQuery, list_query, listed_page, running_listed
@@ -86,7 +87,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
                 await engine.dispose()
 
     app = FastAPI(title="AgentENV control plane", version="0.1.0", lifespan=lifespan)
-    app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes, streamed=(UPLOADS,))
     install_error_handlers(app)
 
     @app.get("/health", tags=["control"])
@@ -173,34 +174,47 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
 
     @protected.api_route("/{path:path}", methods=methods, include_in_schema=False)
     async def relay(plane: Plane, request: Request) -> Response:
-        headers = _forwarded(request.headers.raw)
         match = _SANDBOX_PATH.match(request.url.path)
         if match:
+            headers = _forwarded(request.headers.raw)
             node = await plane.node_for_operation(match.group(1), headers)
-        else:
-            node = await plane.any_node()
-        url = node.url + request.url.path
-        if request.url.query:
-            url += "?" + request.url.query
-        upstream_request = plane.client.build_request(
-            request.method, url, headers=headers, content=await request.body()
-        )
-        kind = "sandbox" if match else "other"
-        try:
-            upstream = await plane.client.send(upstream_request, stream=True)
-        except httpx.HTTPError as exc:
-            RELAYED.labels(kind, "502").inc()
-            return error_response(502, f"node {node.name} cannot be reached: {exc}")
-        RELAYED.labels(kind, str(upstream.status_code)).inc()
-        return StreamingResponse(
-            upstream.aiter_raw(),
-            status_code=upstream.status_code,
-            headers=_forwarded(upstream.headers.raw),
-            background=BackgroundTask(upstream.aclose),
-        )
+            return await _relay(plane, request, node, "sandbox")
+        return await _relay(plane, request, await plane.any_node(), "other")
+
+    # Signed in its URL (by a node: they share the key), so no API key: the SDKs send none.
+    @app.put(UPLOADS + "{files_hash}", include_in_schema=False)
+    async def relay_upload(plane: Plane, request: Request, files_hash: str) -> Response:
+        return await _relay(plane, request, await plane.any_node(), "upload")
 
     app.include_router(protected)
     return app
+
+
+async def _relay(plane: ControlPlane, request: Request, node: NodeInfo, kind: str) -> Response:
+    """The request to `node` as it came (its body streamed), and the answer back; the node
+    learns the address the client used, for URLs it hands out."""
+    headers = _forwarded(request.headers.raw)
+    headers["X-Forwarded-Host"] = request.headers.get("host", "")
+    headers["X-Forwarded-Proto"] = request.url.scheme
+    url = node.url + request.url.path
+    if request.url.query:
+        url += "?" + request.url.query
+    with_body = "content-length" in request.headers or "transfer-encoding" in request.headers
+    upstream_request = plane.client.build_request(
+        request.method, url, headers=headers, content=request.stream() if with_body else b""
+    )
+    try:
+        upstream = await plane.client.send(upstream_request, stream=True)
+    except httpx.HTTPError as exc:
+        RELAYED.labels(kind, "502").inc()
+        return error_response(502, f"node {node.name} cannot be reached: {exc}")
+    RELAYED.labels(kind, str(upstream.status_code)).inc()
+    return StreamingResponse(
+        upstream.aiter_raw(),
+        status_code=upstream.status_code,
+        headers=_forwarded(upstream.headers.raw),
+        background=BackgroundTask(upstream.aclose),
+    )
 
 
 def _node_view(node: NodeInfo, now: float) -> dict[str, Any]:

@@ -30,7 +30,8 @@ class BuildFiles:
 
     def __init__(self, store: ObjectStore, secret: bytes | None = None) -> None:
         self._store = store
-        # Per process: an upload URL is used right after it is handed out.
+        # Shared by a cluster's nodes (`signing_key`), so any of them takes an upload URL
+        # another gave out; without one, this process's own.
         self._secret = secret or secrets.token_bytes(32)
 
     def present(self, files_hash: str) -> bool:
@@ -58,3 +59,9 @@ class BuildFiles:
         if not (is_files_hash(files_hash) and expires.isdigit()) or int(expires) < time.time():
             return False
         return hmac.compare_digest(self.signature(files_hash, int(expires)), signature)
+
+
+def signing_key(api_key: str) -> bytes:
+    """The upload URLs' key, derived from the API key every node of a cluster shares (and
+    not revealing it)."""
+    return hmac.new(api_key.encode(), b"aenv build-file uploads", hashlib.sha256).digest()

@@ -91,16 +91,19 @@ class Node:
         self._stack = stack
 
     @classmethod
-    async def open(cls, cfg: Config) -> Node:
+    async def open(cls, cfg: Config, upload_key: bytes | None = None) -> Node:
+        """The node's runtime; `upload_key` signs build-file upload URLs (`BuildFiles`)."""
         stack = contextlib.AsyncExitStack()
         try:
-            return await cls._open(cfg, stack)
+            return await cls._open(cfg, stack, upload_key)
         except BaseException:
             await stack.aclose()
             raise
 
     @classmethod
-    async def _open(cls, cfg: Config, stack: contextlib.AsyncExitStack) -> Node:
+    async def _open(
+        cls, cfg: Config, stack: contextlib.AsyncExitStack, upload_key: bytes | None
+    ) -> Node:
         kit = load_kit(cfg)
         if kit is None:
             raise Unavailable("the guest kit is not built: run `aenv kit build` (or `make run`)")
@@ -167,7 +170,7 @@ class Node:
         scanner = asyncio.create_task(uploads.run())
         stack.push_async_callback(_cancelled, scanner)
         builds = TemplateBuilds(
-            cfg, catalog, puller, manager.capacity.max_vcpus, BuildFiles(objects)
+            cfg, catalog, puller, manager.capacity.max_vcpus, BuildFiles(objects, upload_key)
         )
         stack.push_async_callback(builds.close)
         nodes = NodeRegistry(store.engine)

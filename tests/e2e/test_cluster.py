@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, Template
 
 from agentenv.cluster.local import ClusterState, LocalCluster
 from agentenv.cluster.postgres import free_port
@@ -102,6 +102,31 @@ def test_the_sdk_works_through_the_control_url(cluster: Cluster) -> None:
     finally:
         sandbox.kill()
     assert cluster.api.get(f"/sandboxes/{sandbox.sandbox_id}").status_code == 404
+
+
+def test_a_template_with_copy_steps_builds_through_the_control_url(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The COPY archive's upload URL names the control plane, which relays it (signed by
+    one node, taken by any) with no API key; the build and its sandboxes run on nodes."""
+    (tmp_path / "hello.txt").write_text("copied through the control plane\n")
+    recipe = (
+        Template(file_context_path=str(tmp_path))
+        .from_template("base")
+        .copy("hello.txt", "/srv/hello.txt")
+        .run_cmd("test -s /srv/hello.txt")
+    )
+    Template.build(recipe, "cluster-copy", cpu_count=1, memory_mb=256)
+    sandbox = Sandbox.create("cluster-copy")
+    try:
+        assert sandbox.files.read("/srv/hello.txt") == "copied through the control plane\n"
+    finally:
+        sandbox.kill()
+    control = urlsplit(cluster.state.control.url).netloc
+    files = cluster.api.get("/templates/cluster-copy/files/" + "ab" * 32).json()
+    assert urlsplit(files["url"]).netloc == control
+    refused = httpx.put(files["url"].replace("signature=", "signature=0"), content=b"x")
+    assert refused.status_code == 403
 
 
 def test_guest_ports_and_websockets_through_the_control_url(cluster: Cluster) -> None:
