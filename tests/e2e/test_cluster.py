@@ -129,6 +129,21 @@ def test_a_template_with_copy_steps_builds_through_the_control_url(
     assert refused.status_code == 403
 
 
+def test_traffic_through_the_control_url_wakes_a_paused_sandbox(cluster: Cluster) -> None:
+    """Auto-resume behind the control plane: it relays to the paused sandbox's node, whose
+    proxy resumes it; the request is then answered."""
+    sandbox = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        sandbox.commands.run("python3 -m http.server 8000", background=True)
+        assert wait_for(lambda: sandbox.get_info().state.value == "paused", 60)
+        headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"}
+        answer = httpx.get(cluster.state.control.url + "/", headers=headers, timeout=60)
+        assert answer.status_code == 200 and "Directory listing" in answer.text
+        assert sandbox.get_info().state.value == "running"
+    finally:
+        sandbox.kill()
+
+
 def test_guest_ports_and_websockets_through_the_control_url(cluster: Cluster) -> None:
     sandbox = Sandbox.create()
     try:
