@@ -30,6 +30,8 @@ class ServerConfig:
     max_body_bytes: int = 1024 * 1024
     # Largest archive of a template build's COPY step (the SDKs upload one per step).
     max_build_file_bytes: int = 2 * 1024**3
+    # Largest file one volume content API upload may write.
+    max_volume_file_bytes: int = 2 * 1024**3
     # "all": API, proxy and sandboxes in one process (a single machine). In a cluster:
     # "control" (API and proxy in front of nodes, no sandboxes) or "node" (sandboxes).
     role: str = "all"

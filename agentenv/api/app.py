@@ -17,7 +17,16 @@ from ..observe.metrics import CONTENT_TYPE, exposition
 from ..proxy.router import SandboxProxy
 from ..runtime.manager import Route
 from ..runtime.node import Node, refresh_node_metrics
-from . import builds, sandboxes, sandboxlogs, snapshots, storage, templates, templatetags
+from . import (
+    builds,
+    sandboxes,
+    sandboxlogs,
+    snapshots,
+    storage,
+    templates,
+    templatetags,
+    volumes,
+)
 from .auth import ApiKeyAuth, load_or_create_api_key
 from .deps import NodeDep
 from .errors import install_error_handlers
@@ -41,7 +50,9 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
 
     app = FastAPI(title="AgentENV", version="0.1.0", lifespan=lifespan)
     app.state.config = cfg
-    app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes, streamed=(builds.UPLOADS,))
+    app.add_middleware(
+        BodyLimit, max_bytes=cfg.server.max_body_bytes, streamed=(builds.UPLOADS, volumes.CONTENT)
+    )
     install_error_handlers(app)
 
     @app.get("/health", tags=["node"])
@@ -67,7 +78,10 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
     protected.include_router(templatetags.router)
     protected.include_router(templates.router)
     protected.include_router(builds.router)
+    protected.include_router(volumes.router)
     app.include_router(protected)
+    # The volume's own token is the credential, not the API key.
+    app.include_router(volumes.content)
     # Signed in their URL, as presigned uploads are: the SDKs send them no API key.
     app.include_router(builds.uploads)
     return app

@@ -62,6 +62,8 @@ class NewSandbox(_Request):
     # MCP servers for the template's `mcp-gateway`, which the SDK itself starts in the new
     # sandbox (killing it if the gateway fails); the server, as E2B's, only accepts it.
     mcp: dict[str, Any] | None = Field(default=None, max_length=MAX_ENTRIES)
+    # Accepted so that asking for them gets a clear refusal (`docs/volumes.md`).
+    volumeMounts: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_ENTRIES)
     network: SandboxNetwork | None = None
 
 
@@ -226,6 +228,27 @@ class SandboxLogs(BaseModel):
 
 class SandboxLogsV2(BaseModel):
     logs: list[SandboxLogEntry]
+
+
+class NewVolume(_Request):
+    name: str = Field(min_length=1, max_length=128)
+
+
+class Volume(BaseModel):
+    """E2B's volume: its id and unique name."""
+
+    volumeID: str
+    name: str
+
+
+class VolumeAndToken(Volume):
+    token: str
+
+
+class PathUpdate(_Request):
+    uid: int | None = Field(default=None, ge=0, le=2**32 - 2)
+    gid: int | None = Field(default=None, ge=0, le=2**32 - 2)
+    mode: int | None = Field(default=None, ge=0, le=0o7777)
 
 
 class ErrorBody(BaseModel):

@@ -93,6 +93,11 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
     if auto_resume and not body.autoPauseMemory:
         # A filesystem-only pause has no running state for traffic to wake (E2B's rule).
         raise InvalidInput("autoResume needs autoPauseMemory: a paused disk cannot be woken")
+    if body.volumeMounts:
+        raise InvalidInput(
+            "volumeMounts: mounting volumes into sandboxes is not supported yet; their files"
+            " are reached through the volume content API"
+        )
     request = CreateRequest(
         template_id=body.templateID,
         timeout=cfg.sandbox.default_timeout if body.timeout is None else body.timeout,

@@ -28,6 +28,7 @@ from ..api.limits import BodyLimit
 from ..api.listing import ListQuery, list_query, listed_page, running_listed
 from ..api.models import ListedSandbox, SandboxDetail
 from ..api.sandboxes import public_domain, sandbox_detail
+from ..api.volumes import CONTENT
 from ..config import Config
 from ..errors import Conflict, NotFound
 from ..observe.logs import RequestIds
@@ -87,7 +88,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
                 await engine.dispose()
 
     app = FastAPI(title="AgentENV control plane", version="0.1.0", lifespan=lifespan)
-    app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes, streamed=(UPLOADS,))
+    app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes, streamed=(UPLOADS, CONTENT))
     install_error_handlers(app)
 
     @app.get("/health", tags=["control"])
@@ -185,6 +186,11 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     @app.put(UPLOADS + "{files_hash}", include_in_schema=False)
     async def relay_upload(plane: Plane, request: Request, files_hash: str) -> Response:
         return await _relay(plane, request, await plane.any_node(), "upload")
+
+    # A volume's files: its own token is the credential (checked by the node holding them).
+    @app.api_route(CONTENT + "{rest:path}", methods=methods, include_in_schema=False)
+    async def relay_volume_content(plane: Plane, request: Request, rest: str) -> Response:
+        return await _relay(plane, request, await plane.any_node(), "volume")
 
     app.include_router(protected)
     return app

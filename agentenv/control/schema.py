@@ -59,3 +59,14 @@ nodes = sa.Table(
     sa.Column("heartbeat_at", sa.Float, nullable=False),
     sa.Column("registered_at", sa.Float, nullable=False),
 )
+
+# Named persistent volumes; their files live on the node that serves them (`volumes/`).
+volumes = sa.Table(
+    "volumes",
+    metadata,
+    sa.Column("volume_id", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    # The content API's bearer token for this volume.
+    sa.Column("token", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+)

@@ -32,6 +32,8 @@ from ..storage.blockd import BlockdClient
 from ..storage.stores import open_object_store
 from ..vmm.accel import AccelChoice, choose_accel
 from ..vmm.qemu import QemuDriver, run_dir_for
+from ..volumes.registry import VolumeRegistry
+from ..volumes.service import Volumes
 from .admission import committed_by
 from .bootsnap import BootSnapshots, Shape
 from .buildhost import NodeBuildHost
@@ -86,6 +88,7 @@ class Node:
         self.catalog = catalog
         self.puller = puller
         self.builds = builds
+        self.volumes = Volumes(VolumeRegistry(nodes.engine), cfg.home / "volumes")
         self.memory = MemoryKeeper(manager, self.pauses.pause)
         builds.host = NodeBuildHost(self.create, snapshots)
         self._stack = stack

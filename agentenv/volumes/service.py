@@ -1,0 +1,42 @@
+"""Named persistent volumes: records in the state store, files on the node serving them."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from pathlib import Path
+
+from ..errors import Unauthorized
+from .content import VolumeFiles
+from .registry import VolumeRecord, VolumeRegistry
+
+
+class Volumes:
+    """Create, find and delete volumes; open one's files for its token's holder."""
+
+    def __init__(self, registry: VolumeRegistry, root: Path) -> None:
+        self.registry = registry
+        self._root = root
+
+    async def create(self, name: str) -> VolumeRecord:
+        record = await self.registry.create(name)
+        await asyncio.to_thread(self.files, record)
+        return record
+
+    async def delete(self, volume_id: str) -> None:
+        """The record first: a volume half deleted is gone for clients, its files after."""
+        record = await self.registry.delete(volume_id)
+        await asyncio.to_thread(self.files(record).destroy)
+
+    def files(self, record: VolumeRecord) -> VolumeFiles:
+        return VolumeFiles(self._root / record.volume_id)
+
+    async def open(self, volume_id: str, authorization: str) -> VolumeFiles:
+        """The volume's files, for a request whose `Authorization: Bearer` is its token."""
+        record = await self.registry.get(volume_id)
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), record.token.encode()
+        ):
+            raise Unauthorized("missing or invalid volume token")
+        return await asyncio.to_thread(self.files, record)

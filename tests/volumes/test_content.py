@@ -1,0 +1,82 @@
+"""A volume's files through the content API's operations, on a real directory: E2B's
+semantics (as its SDK's own mock has them), and nothing reached outside the volume."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agentenv.errors import Conflict, NotFound, TooLarge
+from agentenv.volumes.content import VolumeFiles
+
+
+async def _body(*chunks: bytes) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+def write(files: VolumeFiles, path: str, data: bytes, force: bool = False, **kw) -> dict:
+    return asyncio.run(
+        files.write_file(
+            path, _body(data), 1 << 20, kw.get("uid"), kw.get("gid"), kw.get("mode"), force
+        )
+    )
+
+
+def test_files_and_directories(tmp_path: Path) -> None:
+    files = VolumeFiles(tmp_path / "vol")
+    made = files.make_dir("/a/b", 1000, 1000, 0o700, force=True)
+    assert (made["path"], made["type"], made["mode"], made["uid"]) == (
+        "/a/b",
+        "directory",
+        0o700,
+        1000,
+    )
+    with pytest.raises(Conflict):
+        files.make_dir("a/b", None, None, None, force=False)
+    with pytest.raises(NotFound):
+        files.make_dir("/x/y", None, None, None, force=False)
+    entry = write(files, "a/b/f.txt", b"hello", uid=1000, gid=1000)
+    assert (entry["size"], entry["mode"], entry["type"]) == (5, 0o644, "file")
+    with pytest.raises(Conflict, match="already exists"):
+        write(files, "a/b/f.txt", b"again")
+    assert write(files, "a/b/f.txt", b"replaced", force=True)["size"] == 8
+    assert b"".join(files.read_file("/a/b/f.txt")) == b"replaced"
+    with pytest.raises(Conflict, match="is a directory"):
+        write(files, "/a", b"x", force=True)
+    with pytest.raises(NotFound):
+        write(files, "/nope/f.txt", b"x")
+    listing = files.list_dir("/", depth=3)
+    assert [e["path"] for e in listing] == ["/a", "/a/b", "/a/b/f.txt"]
+    assert [e["path"] for e in files.list_dir("/a")] == ["/a/b"]
+    updated = files.update("/a/b/f.txt", uid=2000, gid=None, mode=0o600)
+    # The replaced file is a new one: root's, as nothing else was asked.
+    assert (updated["uid"], updated["gid"], updated["mode"]) == (2000, 0, 0o600)
+    files.remove("/a")
+    assert files.list_dir("/") == []
+    with pytest.raises(NotFound):
+        files.remove("/")
+    with pytest.raises(NotFound):
+        files.stat("/a")
+    with pytest.raises(TooLarge):
+        asyncio.run(files.write_file("/big", _body(b"x" * 10), 5, None, None, None, False))
+    assert os.listdir(tmp_path / "vol") == []  # the cut-off upload left no spool file
+
+
+def test_nothing_outside_the_volume_is_reached(tmp_path: Path) -> None:
+    outside = tmp_path / "secret.txt"
+    outside.write_text("host file")
+    files = VolumeFiles(tmp_path / "vol")
+    # `..` stops at the volume's root.
+    write(files, "../../secret.txt", b"inside")
+    assert outside.read_text() == "host file"
+    assert (tmp_path / "vol" / "secret.txt").read_bytes() == b"inside"
+    # A symlink (as a guest could make) is shown as one, and resolves inside the volume.
+    os.symlink(str(tmp_path), tmp_path / "vol" / "escape")
+    assert files.stat("/escape")["type"] == "symlink"
+    with pytest.raises(NotFound):
+        list(files.read_file("/escape/secret.txt"))
