@@ -97,7 +97,7 @@ async def provision_from_checkpoint(
     restored (or, for a filesystem-only one, a fresh guest on that disk)."""
     workdir = manager.make_workdir(record, cleanup)
     await asyncio.to_thread(copy_sparse, checkpoint / DISK, workdir / DISK)
-    await manager.make_network(record, cleanup)
+    await manager.networks.make(record, cleanup)
     if not guestram.holds_ram(checkpoint, checkpoint):
         await manager.start_fresh_guest(record, kit, cleanup)
         return

@@ -92,6 +92,6 @@ class SandboxCreations:
     ) -> None:
         manager = self.manager
         await manager.make_disk(record, template, cleanup)
-        await manager.make_network(record, cleanup)
+        await manager.networks.make(record, cleanup)
         crash_point("create.network")
         await manager.start_fresh_guest(record, manager.kit, cleanup)

@@ -33,16 +33,9 @@ from ..guest.kit import Kit, guest_args, load_kit
 from ..guest.rpc import ConnectError
 from ..images.catalog import Template, TemplateCatalog
 from ..net.netns import (
-    NetworkPlan,
-    apply_policy,
-    create_network,
     destroy_network,
-    link_exists,
-    namespace_exists,
-    plan_network,
 )
-from ..net.policy import egress_policy
-from ..net.rules import EGRESS_FIELDS, EgressRules, egress_of
+from ..net.rules import EGRESS_FIELDS, EgressRules
 from ..observe.metrics import timed
 from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
@@ -61,6 +54,7 @@ from .guestconfig import init_agent
 from .launch import VmLauncher
 from .lifecycle import Event, State, next_state
 from .metricshistory import MetricsHistory
+from .sandboxnet import SandboxNetworks, egress_rules, traffic_token_for
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +110,6 @@ def guest_kernel_args(cfg: Config) -> str:
     return guest_args(net.guest_ip, net.guest_prefix, net.guest_gateway, dns=net.guest_gateway)
 
 
-def egress_rules(record: SandboxRecord) -> EgressRules:
-    return egress_of(record.network, record.allow_internet)
-
-
-def traffic_token_for(network: dict[str, Any]) -> str | None:
-    """A token for the sandbox's ports when E2B's `allowPublicTraffic` is false."""
-    return None if network.get("allowPublicTraffic", True) else secrets.token_urlsafe(24)
-
-
 def new_sandbox_id() -> str:
     return "i" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(19))
 
@@ -152,8 +137,7 @@ class SandboxManager:
         self.catalog = catalog
         self.launcher = VmLauncher(cfg.sandbox, driver, boot_snapshots)
         self.capacity = host_capacity(cfg.sandbox, cfg.home)
-        # Built here so a bad `net.allowed_ranges` stops the server at start.
-        self.egress = egress_policy(cfg.net)
+        self.networks = SandboxNetworks(cfg)
         # Admission reads what is committed and then commits more: one at a time.
         self._admission_lock = asyncio.Lock()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -175,21 +159,9 @@ class SandboxManager:
     def forks_dir(self) -> Path:
         return self.cfg.home / "forks"
 
-    def network_plan(self, record: SandboxRecord) -> NetworkPlan:
-        net = self.cfg.net
-        return plan_network(
-            record.slot,
-            record.sandbox_id,
-            name_prefix=net.name_prefix,
-            host_subnet=net.host_subnet,
-            guest_ip=net.guest_ip,
-            guest_gateway=net.guest_gateway,
-            guest_prefix=net.guest_prefix,
-        )
-
     def agent(self, record: SandboxRecord) -> AgentClient:
         return AgentClient(
-            f"http://{self.network_plan(record).ns_ip}:{AGENT_PORT}",
+            f"http://{self.networks.plan(record).ns_ip}:{AGENT_PORT}",
             record.access_token,
             init_secret=read_init_secret(self.workdir(record.sandbox_id)),
             reclaim_after_idle=self.cfg.sandbox.reclaim_after_idle,
@@ -400,15 +372,8 @@ class SandboxManager:
         whose interfaces are gone (a sandbox that moved to another node may still hold
         them for a moment: `handoff.py`)."""
         used = {r.slot for r in await self.store.list()} | self._held_slots
-        return next(i for i in itertools.count() if i not in used and not self._slot_busy(i))
-
-    def _slot_busy(self, slot: int) -> bool:
-        net = self.cfg.net
-        plan = plan_network(
-            slot, "-", name_prefix=net.name_prefix, host_subnet=net.host_subnet,
-            guest_ip=net.guest_ip, guest_gateway=net.guest_gateway, guest_prefix=net.guest_prefix,
-        )  # fmt: skip
-        return link_exists(plan.host_veth)
+        busy = self.networks.slot_busy
+        return next(i for i in itertools.count() if i not in used and not busy(i))
 
     async def hold_slot(self) -> int:
         """Hold a network slot for a VM that is no sandbox yet."""
@@ -488,11 +453,6 @@ class SandboxManager:
         write_init_secret(workdir)
         return workdir
 
-    async def make_network(self, record: SandboxRecord, cleanup: CleanupStack) -> None:
-        plan = self.network_plan(record)
-        await create_network(plan, egress_rules(record), self.egress)
-        cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
-
     def vm_spec(self, record: SandboxRecord, kit: Kit) -> VmSpec:
         return sandbox_vm(
             kit,
@@ -501,7 +461,7 @@ class SandboxManager:
             self.workdir(record.sandbox_id) / "rootfs.qcow2",
             self.workdir(record.sandbox_id),
             guest_kernel_args(self.cfg),
-            self.network_plan(record).netns,
+            self.networks.plan(record).netns,
         )
 
     async def save_vm(self, record: SandboxRecord, handle: VmHandle, kit: Kit) -> None:
@@ -541,7 +501,7 @@ class SandboxManager:
 
     async def teardown(self, record: SandboxRecord) -> None:
         """Release everything a sandbox holds, then forget it; a failure keeps the record."""
-        plan = self.network_plan(record)
+        plan = self.networks.plan(record)
         cleanup = CleanupStack(f"teardown {record.sandbox_id}")
         cleanup.push("state record", lambda: self.store.delete(record.sandbox_id))
         workdir = self.workdir(record.sandbox_id)
@@ -566,7 +526,7 @@ class SandboxManager:
     ) -> None:
         """Replace a sandbox's egress rules (E2B's update: what is not given is cleared).
         Stored first: a server that dies before the namespace has them applies them on
-        its restart (`renew_network_policy`)."""
+        its restart (`SandboxNetworks.apply`)."""
         async with self.lock(sandbox_id):
             record = await self.get(sandbox_id)
             next_state(record.state, Event.RECONFIGURE)
@@ -576,8 +536,7 @@ class SandboxManager:
             await self.store.update(
                 sandbox_id, network=record.network, allow_internet=allow_internet
             )
-            if self._has_network(record):
-                await apply_policy(self.network_plan(record), egress_rules(record), self.egress)
+            await self.networks.apply(record)
             if sandbox_id in self._routes:
                 self.adopt(record)
 
@@ -619,24 +578,10 @@ class SandboxManager:
         """Recovery's end of an operation a dead server left in a transient state."""
         await self._transition(record, event)
 
-    async def renew_network_policy(self, record: SandboxRecord) -> None:
-        """Apply today's egress policy to a sandbox kept across a restart (one paused on
-        another node has no namespace here until it resumes)."""
-        if self._has_network(record):
-            await apply_policy(self.network_plan(record), egress_rules(record), self.egress)
-
-    async def ensure_network(self, record: SandboxRecord) -> None:
-        """The namespace of a sandbox that was paused on another node is made here."""
-        if not self._has_network(record):
-            await create_network(self.network_plan(record), egress_rules(record), self.egress)
-
-    def _has_network(self, record: SandboxRecord) -> bool:
-        return namespace_exists(self.network_plan(record).netns)
-
     def adopt(self, record: SandboxRecord) -> None:
         """Route the proxy to a running sandbox (one whose VM survived a restart too)."""
         self._routes[record.sandbox_id] = Route(
-            self.network_plan(record).ns_ip,
+            self.networks.plan(record).ns_ip,
             record.access_token,
             record.traffic_token,
             record.network.get("maskRequestHost"),

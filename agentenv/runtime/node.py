@@ -156,11 +156,12 @@ class Node:
             stack.push_async_callback(boot_snapshots.close)
             boot_snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
         manager = SandboxManager(cfg, store, driver, kit, catalog, boot_snapshots)
-        egress_proxy = EgressProxy(manager.egress_rules_at, manager.egress, cfg.net.host_subnet)
+        networks = manager.networks
+        egress_proxy = EgressProxy(manager.egress_rules_at, networks.egress, cfg.net.host_subnet)
         proxy_ports = await egress_proxy.start()
         stack.push_async_callback(egress_proxy.close)
         # Before any namespace's rules are written: they send guests to these ports.
-        manager.egress = dataclasses.replace(manager.egress, proxy=proxy_ports)
+        networks.egress = dataclasses.replace(networks.egress, proxy=proxy_ports)
         await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix, proxy_ports)
         await recover(manager)
         uploads = Uploads(manager, objects)

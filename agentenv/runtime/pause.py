@@ -140,7 +140,7 @@ class SandboxPauses:
             # The files change from here on: the stored layers become the next upload's parents.
             record.stored = False
             await self.manager.store.update(record.sandbox_id, stored=False)
-        await self.manager.ensure_network(record)
+        await self.manager.networks.ensure(record)
         if memory and record.pause_mode != FILESYSTEM:
             await self._restore_paused(record)
         else:

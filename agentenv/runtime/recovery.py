@@ -178,7 +178,7 @@ async def recover(manager: SandboxManager) -> RecoveryReport:
             outcome = await RULES[record.state](found)
             if outcome is not Outcome.GONE:
                 # A policy changed in config (or made by an older server) takes effect now.
-                await manager.renew_network_policy(record)
+                await manager.networks.apply(record)
         except (VmmError, OSError, RuntimeError) as exc:
             report.failed[record.sandbox_id] = str(exc)
             continue

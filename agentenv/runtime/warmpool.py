@@ -22,7 +22,8 @@ from .bootsnap import Shape
 from .cleanup import CleanupStack
 from .guestconfig import guest_config
 from .lifecycle import State
-from .manager import SandboxManager, egress_rules, new_sandbox_id, now
+from .manager import SandboxManager, new_sandbox_id, now
+from .sandboxnet import egress_rules
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class WarmPool:
                 guest=guest_config(template),
             )
             await manager.make_disk(record, template, resources)
-            await manager.make_network(record, resources)
+            await manager.networks.make(record, resources)
             kit = manager.kit
             spec = manager.vm_spec(record, kit)
             prepared = await manager.driver.prepare_restore(spec, snapshot)
@@ -120,7 +121,7 @@ class WarmPool:
         # The stored record holds the network slot from here on.
         await manager.release_slot(vm.slot)
         if not egress_rules(record).unrestricted:
-            await manager.renew_network_policy(record)
+            await manager.networks.apply(record)
         agent = manager.agent(record)
         try:
             handle = await manager.launcher.finish(

@@ -17,6 +17,7 @@ from agentenv.guest.kit import Kit
 from agentenv.images.catalog import Template
 from agentenv.runtime import manager as manager_module
 from agentenv.runtime import persist as persist_module
+from agentenv.runtime import sandboxnet as sandboxnet_module
 from agentenv.runtime.creation import SandboxCreations
 from agentenv.runtime.manager import CreateRequest, SandboxManager
 from agentenv.runtime.pause import SandboxPauses
@@ -203,7 +204,7 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
     cfg.sandbox.memory_mb = 256
     networks: set[str] = set()
 
-    async def create_network(plan: Any, allow_internet: bool, egress: Any = None) -> None:
+    async def create_network(plan: Any, rules: Any, egress: Any = None) -> None:
         networks.add(plan.netns)
 
     async def destroy_network(netns: str, host_veth: str | None = None) -> None:
@@ -213,9 +214,10 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
         # Just the header's magic and virtual size, which the manager reads.
         path.write_bytes(b"QFI\xfb" + bytes(20) + (size or 1).to_bytes(8, "big"))
 
-    monkeypatch.setattr(manager_module, "create_network", create_network)
+    monkeypatch.setattr(sandboxnet_module, "create_network", create_network)
+    monkeypatch.setattr(sandboxnet_module, "destroy_network", destroy_network)
     monkeypatch.setattr(manager_module, "destroy_network", destroy_network)
-    monkeypatch.setattr(manager_module, "apply_policy", create_network)
+    monkeypatch.setattr(sandboxnet_module, "apply_policy", create_network)
     monkeypatch.setattr(manager_module, "create_qcow2", create_qcow2)
     monkeypatch.setattr(persist_module, "set_backing", lambda *_: None)
     rootfs = tmp_path / "rootfs.ext4"
