@@ -9,7 +9,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from ..runtime.node import Node
 from ..volumes.content import VolumeFiles
 from ..volumes.registry import VolumeRecord
 from .deps import ConfigDep, NodeDep
@@ -48,9 +47,8 @@ async def delete_volume(node: NodeDep, volume_id: str) -> Response:
 
 
 async def _files(
-    request: Request, volume_id: str, authorization: Annotated[str, Header()] = ""
+    node: NodeDep, volume_id: str, authorization: Annotated[str, Header()] = ""
 ) -> VolumeFiles:
-    node: Node = request.app.state.node
     return await node.volumes.open(volume_id, authorization)
 
 
