@@ -12,6 +12,7 @@ closed, as E2B's firewall does.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # Reading the name, resolving it and connecting each get this long.
 STEP_TIMEOUT = 10.0
+# Connections one sandbox may have open through the proxy at once; more are closed.
+MAX_PER_SANDBOX = 512
 _CHUNK = 64 * 1024
 
 
@@ -40,6 +43,7 @@ class EgressProxy:
         rules_at: Callable[[str], EgressRules | None],
         policy: EgressPolicy,
         host_subnet: str,
+        max_per_sandbox: int = MAX_PER_SANDBOX,
     ) -> None:
         # The rules of the running sandbox whose namespace address a connection comes from.
         self._rules_at = rules_at
@@ -47,6 +51,9 @@ class EgressProxy:
         self._host_subnet = IPv4Network(host_subnet)
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task] = set()
+        self._max_per_sandbox = max_per_sandbox
+        # Connections open now, by the sandbox's namespace address.
+        self._open: collections.Counter[str] = collections.Counter()
 
     async def start(self, host: str = "0.0.0.0") -> EgressPorts:
         ports = []
@@ -79,11 +86,17 @@ class EgressProxy:
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)
         upstream: asyncio.StreamWriter | None = None
+        peer, counted = "", False
         try:
             peer = writer.get_extra_info("peername")[0]
             rules = self._rules_at(peer)
             if rules is None:
                 return  # not a running sandbox's namespace
+            if self._open[peer] >= self._max_per_sandbox:
+                log.warning("egress from %s refused: %d connections open", peer, self._open[peer])
+                return
+            self._open[peer] += 1
+            counted = True
             head, name = await asyncio.wait_for(sniff(reader), STEP_TIMEOUT)
             if name is None or not rules.allows_host(name):
                 log.info("egress from %s to %r on port %d refused", peer, name, port)
@@ -100,9 +113,16 @@ class EgressProxy:
         except (OSError, TimeoutError, dns.exception.DNSException) as exc:
             log.info("egress connection ended: %s", exc)
         finally:
+            if counted:
+                self._closed(peer)
             for stream in (writer, upstream):
                 if stream is not None:
                     stream.close()
+
+    def _closed(self, peer: str) -> None:
+        self._open[peer] -= 1
+        if not self._open[peer]:
+            del self._open[peer]
 
     async def _http_name(self, reader: asyncio.StreamReader) -> tuple[bytes, str | None]:
         head = await read_http_head(reader)
