@@ -187,6 +187,7 @@ class Node:
         node = cls(
             cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, nodes, pool
         )
+        await node.volumes.sweep()
         tasks = [
             run_sweeper(node.pauses),
             collector.run_every(cfg.storage),

@@ -43,9 +43,13 @@ def _time(seconds: float) -> str:
 class VolumeFiles:
     """The files of one volume, rooted at `root` (a directory of the node's)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, spool: Path) -> None:
         root.mkdir(parents=True, exist_ok=True)
+        spool.mkdir(parents=True, exist_ok=True)
         self._root = RootFS(str(root))
+        # Uploads are written here, then renamed into place (one file system): a crash
+        # mid-upload leaves nothing in the volume, and the node clears this at start.
+        self._spool = spool
 
     @staticmethod
     def normalize(path: str) -> str:
@@ -137,7 +141,7 @@ class VolumeFiles:
         parent = os.path.dirname(host)
         if not os.path.isdir(parent):
             raise NotFound(f"Path {posixpath.dirname(guest)} not found")
-        fd, spool = tempfile.mkstemp(dir=parent, prefix=".upload-")
+        fd, spool = tempfile.mkstemp(dir=self._spool)
         try:
             size = 0
             with os.fdopen(fd, "wb") as out:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import shutil
 from pathlib import Path
 
 from ..errors import Unauthorized
@@ -17,6 +18,20 @@ class Volumes:
     def __init__(self, registry: VolumeRegistry, root: Path) -> None:
         self.registry = registry
         self._root = root
+        self._spool = root / ".spool"
+
+    async def sweep(self) -> None:
+        """At start: uploads a crash cut short, and the files of volumes whose record is
+        gone (a delete that died between the two), are removed."""
+        known = {record.volume_id for record in await self.registry.list()}
+        await asyncio.to_thread(self._sweep, known)
+
+    def _sweep(self, known: set[str]) -> None:
+        shutil.rmtree(self._spool, ignore_errors=True)
+        if self._root.is_dir():
+            for entry in self._root.iterdir():
+                if entry.name not in known and entry != self._spool:
+                    shutil.rmtree(entry, ignore_errors=True)
 
     async def create(self, name: str) -> VolumeRecord:
         record = await self.registry.create(name)
@@ -29,7 +44,7 @@ class Volumes:
         await asyncio.to_thread(self.files(record).destroy)
 
     def files(self, record: VolumeRecord) -> VolumeFiles:
-        return VolumeFiles(self._root / record.volume_id)
+        return VolumeFiles(self._root / record.volume_id, self._spool)
 
     async def open(self, volume_id: str, authorization: str) -> VolumeFiles:
         """The volume's files, for a request whose `Authorization: Bearer` is its token."""

@@ -28,7 +28,7 @@ def write(files: VolumeFiles, path: str, data: bytes, force: bool = False, **kw)
 
 
 def test_files_and_directories(tmp_path: Path) -> None:
-    files = VolumeFiles(tmp_path / "vol")
+    files = VolumeFiles(tmp_path / "vol", tmp_path / "spool")
     made = files.make_dir("/a/b", 1000, 1000, 0o700, force=True)
     assert (made["path"], made["type"], made["mode"], made["uid"]) == (
         "/a/b",
@@ -64,13 +64,14 @@ def test_files_and_directories(tmp_path: Path) -> None:
         files.stat("/a")
     with pytest.raises(TooLarge):
         asyncio.run(files.write_file("/big", _body(b"x" * 10), 5, None, None, None, False))
-    assert os.listdir(tmp_path / "vol") == []  # the cut-off upload left no spool file
+    # The cut-off upload left nothing behind.
+    assert os.listdir(tmp_path / "vol") == [] and os.listdir(tmp_path / "spool") == []
 
 
 def test_nothing_outside_the_volume_is_reached(tmp_path: Path) -> None:
     outside = tmp_path / "secret.txt"
     outside.write_text("host file")
-    files = VolumeFiles(tmp_path / "vol")
+    files = VolumeFiles(tmp_path / "vol", tmp_path / "spool")
     # `..` stops at the volume's root.
     write(files, "../../secret.txt", b"inside")
     assert outside.read_text() == "host file"
