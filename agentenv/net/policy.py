@@ -107,7 +107,7 @@ def namespace_rules(plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy)
         f"-A FORWARD {from_guest} ! -s {plan.guest_ip} -j DROP",
         f"-A FORWARD {from_guest} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
     ]
-    if not rules.internet and not rules.allow:
+    if not rules.internet and not rules.allow and not rules.domains:
         # Nothing at all, DNS included.
         forward.append(f"-A FORWARD {from_guest} -j {_REFUSE}")
     else:

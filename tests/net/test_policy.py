@@ -214,6 +214,9 @@ def test_domain_rules_send_http_and_tls_to_the_egress_proxy() -> None:
         " -m conntrack --ctstate DNAT -j ACCEPT"
     )
     assert to_proxy < forward.index(f"-A FORWARD -i tap0 -d 10.198.0.0/16 {REJECT}")
+    # No internet is all traffic denied: its allowed domains still go to the proxy.
+    closed = EgressRules(internet=False, domains=("example.com",))
+    assert "DNAT --to-destination 10.198.0.13:40443" in policy.namespace_rules(PLAN, closed, egress)
     # Without domains, or before the proxy listens, nothing goes to it.
     assert "DNAT --to-destination 10.198.0.13" not in policy.namespace_rules(
         PLAN, EgressRules(), egress
