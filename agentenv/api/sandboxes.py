@@ -66,11 +66,13 @@ def sandbox_answer(record: SandboxRecord, domain: str | None) -> Sandbox:
     )
 
 
-def network_option(network: SandboxNetwork | NetworkEgress | None) -> dict[str, Any]:
+def network_option(
+    network: SandboxNetwork | NetworkEgress | None, internet: bool
+) -> dict[str, Any]:
     """The `network` option as stored: what was given, its egress rules checked."""
     given = network.model_dump(exclude_none=True) if network is not None else {}
     given.pop("allow_internet_access", None)  # an update's; stored as allow_internet
-    parse_egress(given.get("allowOut", []), given.get("denyOut", []))
+    parse_egress(given.get("allowOut", []), given.get("denyOut", []), internet)
     return given
 
 
@@ -109,7 +111,7 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
         secure=secure,
         pause_after_idle=body.pauseAfterIdle,
         auto_resume=auto_resume,
-        network=network_option(body.network),
+        network=network_option(body.network, body.allow_internet_access),
     )
     record = await node.create(request, lambda name: _template_for(node, name))
     return sandbox_answer(record, public_domain(cfg))
@@ -193,7 +195,8 @@ async def set_timeout(manager: ManagerDep, sandbox_id: str, body: TimeoutBody) -
 @router.put("/sandboxes/{sandbox_id}/network", status_code=204)
 async def update_network(manager: ManagerDep, sandbox_id: str, body: NetworkUpdate) -> Response:
     """E2B's update: the egress rules are replaced, and what the body omits is cleared."""
-    await manager.update_network(sandbox_id, network_option(body), body.allow_internet_access)
+    internet = body.allow_internet_access
+    await manager.update_network(sandbox_id, network_option(body, internet), internet)
     return Response(status_code=204)
 
 
