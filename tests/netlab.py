@@ -13,24 +13,32 @@ from ipaddress import IPv4Network
 from pathlib import Path
 
 from agentenv.net.netns import remove_host_forwarding
+from agentenv.net.plan import TAP_NAME, NetworkPlan
 
 METADATA_IP = "169.254.169.254"
 # What the lab's DNS resolver answers for any name.
 RESOLVED_IP = "192.0.2.53"
 
-# Serves `reply` until killed: to HTTP GETs (over TLS too), to any UDP datagram, or as the
-# A record of any DNS question. Prints its port once it listens.
+# Serves `reply` until killed: to HTTP GETs (over TLS too; or GET /<n> answered with n
+# bytes), to any UDP datagram, or as the A record of any DNS question. Prints its port
+# once it listens.
 SERVER = r"""
 import http.server, socket, struct, sys
 kind, address, port, reply = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 
 class Reply(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = reply.encode()
+        # kind "bytes": GET /<n> answers n bytes (for throughput).
+        size = int(self.path.strip("/") or 0) if kind == "bytes" else None
+        body = reply.encode() if size is None else b""
         self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(body) if size is None else size))
         self.end_headers()
         self.wfile.write(body)
+        while size:
+            chunk = min(size, 65536)
+            self.wfile.write(b"x" * chunk)
+            size -= chunk
 
     def log_message(self, *args):
         pass
@@ -41,7 +49,7 @@ def answer(query):
     record = b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + socket.inet_aton(reply)
     return header + query[12:end] + record
 
-if kind in ("http", "https"):
+if kind in ("http", "https", "bytes"):
     server = http.server.ThreadingHTTPServer((address, port), Reply)
     if kind == "https":  # the certificate and key file follows the reply
         import ssl
@@ -272,3 +280,24 @@ def lab(sandbox_subnet: str) -> Iterator[Lab]:
             serving(RESOLVED_IP, kind="dns", netns=resolver.netns, address=resolver.ip, port=53)
         )
         yield Lab(internet, private, resolver, ports)
+
+
+@contextmanager
+def guest_stand_in(plan: NetworkPlan) -> Iterator[str]:
+    """The sandbox's tap replaced by a veth to a namespace at the guest's address: a guest
+    without a VM. Yields that namespace; removed afterwards."""
+    guest = f"{plan.netns}-guest"
+    try:
+        sh("ip", "netns", "add", guest)
+        inside = ["ip", "-n", plan.netns]
+        sh(*inside, "link", "del", TAP_NAME)
+        sh(*inside, "link", "add", TAP_NAME, "type", "veth", "peer", "name", "eth0", "netns", guest)
+        sh(*inside, "addr", "add", f"{plan.guest_gateway}/{plan.guest_prefix}", "dev", TAP_NAME)
+        sh(*inside, "link", "set", TAP_NAME, "up")
+        sh("ip", "-n", guest, "addr", "add", f"{plan.guest_ip}/{plan.guest_prefix}", "dev", "eth0")
+        sh("ip", "-n", guest, "link", "set", "eth0", "up")
+        sh("ip", "-n", guest, "link", "set", "lo", "up")
+        sh("ip", "-n", guest, "route", "add", "default", "via", plan.guest_gateway)
+        yield guest
+    finally:
+        remove_namespace(guest)

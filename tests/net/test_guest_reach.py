@@ -20,13 +20,14 @@ from agentenv.net.netns import (
     destroy_network,
     ensure_host_forwarding,
 )
-from agentenv.net.plan import TAP_NAME, NetworkPlan, plan_network
+from agentenv.net.plan import NetworkPlan, plan_network
 from agentenv.net.policy import EgressPolicy
 from agentenv.net.rules import EgressRules, parse_egress
 
 from ..netlab import (
     RESOLVED_IP,
     Lab,
+    guest_stand_in,
     host_addresses,
     lab,
     peer,
@@ -34,7 +35,6 @@ from ..netlab import (
     random_slash30,
     reached,
     remove_host_chains,
-    remove_namespace,
     serving,
     sh,
     unique,
@@ -86,22 +86,11 @@ async def sandbox(
     """A sandbox's network whose tap is replaced by a veth to a namespace at the guest's
     address: a guest without a VM. Yields the plan and that namespace."""
     plan = _plan(network, slot)
-    guest = f"{plan.netns}-guest"
     try:
         await create_network(plan, rules, egress)
-        sh("ip", "netns", "add", guest)
-        inside = ["ip", "-n", plan.netns]
-        sh(*inside, "link", "del", TAP_NAME)
-        sh(*inside, "link", "add", TAP_NAME, "type", "veth", "peer", "name", "eth0", "netns", guest)
-        sh(*inside, "addr", "add", f"{plan.guest_gateway}/{plan.guest_prefix}", "dev", TAP_NAME)
-        sh(*inside, "link", "set", TAP_NAME, "up")
-        sh("ip", "-n", guest, "addr", "add", f"{plan.guest_ip}/{plan.guest_prefix}", "dev", "eth0")
-        sh("ip", "-n", guest, "link", "set", "eth0", "up")
-        sh("ip", "-n", guest, "link", "set", "lo", "up")
-        sh("ip", "-n", guest, "route", "add", "default", "via", plan.guest_gateway)
-        yield plan, guest
+        with guest_stand_in(plan) as guest:
+            yield plan, guest
     finally:
-        remove_namespace(guest)
         await destroy_network(plan.netns, plan.host_veth)
 
 

@@ -1,0 +1,123 @@
+"""The egress proxy's cost: a guest's HTTP through the proxy (an allowed domain) vs. the
+same server reached straight (an allowed address), side by side in one run.
+
+Real namespaces and rules, with a namespace standing in for the VM (as
+`tests/net/test_guest_reach.py` does): no VM, so the ratio is the proxy's alone.
+Prints JSON lines: request round trips and download throughput, each direct and proxied,
+interleaved, with their ratio. Run as root from the repository root:
+`python -m benchmarks.bench_egress [--runs N] [--mib M]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import statistics
+import sys
+from contextlib import ExitStack
+from ipaddress import IPv4Address
+
+from agentenv.net.egressproxy import EgressProxy
+from agentenv.net.netns import (
+    create_network,
+    destroy_network,
+    ensure_host_forwarding,
+)
+from agentenv.net.plan import plan_network
+from agentenv.net.policy import EgressPolicy
+from agentenv.net.rules import parse_egress
+from tests.netlab import (
+    guest_stand_in,
+    peer,
+    random_slash30,
+    remove_host_chains,
+    serving,
+    sh,
+    unique,
+)
+
+# In the guest: `runs` GETs of /<size> for `host` at `ip`:80; prints each one's seconds.
+CLIENT = r"""
+import json, socket, sys, time
+ip, host, size, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+times = []
+for _ in range(runs):
+    start = time.perf_counter()
+    sock = socket.create_connection((ip, 80), timeout=30)
+    sock.sendall(f"GET /{size} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    got = 0
+    while chunk := sock.recv(1 << 20):
+        got += len(chunk)
+    sock.close()
+    assert got > size, got
+    times.append(time.perf_counter() - start)
+print(json.dumps(times))
+"""
+
+
+def in_guest(guest: str, ip: str, host: str, size: int, runs: int) -> list[float]:
+    out = sh(
+        "ip", "netns", "exec", guest, sys.executable, "-c", CLIENT, ip, host, str(size), str(runs)
+    )
+    return json.loads(out)
+
+
+async def main(runs: int, mib: int) -> None:
+    used = sh("ip", "-o", "-4", "addr")
+    octet = secrets.choice([n for n in range(190, 250) if f" 10.{n}." not in used])
+    prefix, subnet = unique("eb"), f"10.{octet}.0.0/16"
+    plan = plan_network(
+        1, "bench", name_prefix=prefix, host_subnet=subnet,
+        guest_ip="169.254.0.21", guest_gateway="169.254.0.22", guest_prefix=30,
+    )  # fmt: skip
+    with ExitStack() as stack:
+        direct = stack.enter_context(peer(random_slash30("203.0.113.0/24")))
+        named = stack.enter_context(peer(random_slash30("198.51.100.0/24")))
+        dns = stack.enter_context(peer(random_slash30("192.168.203.0/24")))
+        for web in (direct, named):
+            stack.enter_context(serving("", kind="bytes", netns=web.netns, port=80))
+        stack.enter_context(serving(named.ip, kind="dns", netns=dns.netns, address=dns.ip, port=53))
+        policy = EgressPolicy(dns_server=IPv4Address(dns.ip))
+        rules = parse_egress([f"{direct.ip}/32", "web.test"], ["0.0.0.0/0"])
+        proxy = EgressProxy({plan.ns_ip: rules}.get, policy, subnet)
+        ports = await proxy.start()
+        try:
+            await ensure_host_forwarding(subnet, prefix, ports)
+            egress = EgressPolicy(policy.allowed_ranges, policy.dns_server, ports)
+            await create_network(plan, rules, egress)
+            guest = stack.enter_context(guest_stand_in(plan))
+            for label, size, count in (
+                ("request", 0, runs),
+                ("download", mib << 20, max(runs // 10, 3)),
+            ):
+                timings: dict[str, list[float]] = {"direct": [], "proxied": []}
+                for _ in range(count):  # interleaved, one of each at a time
+                    timings["direct"] += await asyncio.to_thread(
+                        in_guest, guest, direct.ip, "direct", size, 1
+                    )
+                    timings["proxied"] += await asyncio.to_thread(
+                        in_guest, guest, "192.0.2.1", "web.test", size, 1
+                    )
+                medians = {k: statistics.median(v) for k, v in timings.items()}
+                line = {"bench": "egress_proxy", "measure": label, "runs": count}
+                if size:
+                    line |= {f"{k}_mib_s": round(mib / v, 1) for k, v in medians.items()}
+                else:
+                    line |= {f"{k}_ms": round(v * 1000, 2) for k, v in medians.items()}
+                line["proxied_over_direct_time"] = round(medians["proxied"] / medians["direct"], 2)
+                print(json.dumps(line), flush=True)
+        finally:
+            await proxy.close()
+            stack.close()
+            await destroy_network(plan.netns, plan.host_veth)
+            remove_host_chains(prefix, subnet)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--mib", type=int, default=64)
+    opts = parser.parse_args()
+    asyncio.run(main(opts.runs, opts.mib))
