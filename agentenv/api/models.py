@@ -245,6 +245,22 @@ class VolumeAndToken(Volume):
     token: str
 
 
+class VolumeEntry(BaseModel):
+    """A file, directory or symlink of a volume (E2B's `VolumeEntryStat`)."""
+
+    name: str
+    type: Literal["unknown", "file", "directory", "symlink"]
+    path: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    atime: datetime
+    mtime: datetime
+    ctime: datetime
+    target: str | None = None
+
+
 class PathUpdate(_Request):
     uid: int | None = Field(default=None, ge=0, le=2**32 - 2)
     gid: int | None = Field(default=None, ge=0, le=2**32 - 2)

@@ -4,7 +4,7 @@ the volume's bearer token), as the SDKs' `Volume` calls them."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
@@ -13,7 +13,7 @@ from ..volumes.content import VolumeFiles
 from ..volumes.registry import VolumeRecord
 from .deps import ConfigDep, NodeDep
 from .errors import ERROR_RESPONSES
-from .models import NewVolume, PathUpdate, Volume, VolumeAndToken
+from .models import NewVolume, PathUpdate, Volume, VolumeAndToken, VolumeEntry
 
 router = APIRouter(responses=ERROR_RESPONSES)
 content = APIRouter(responses=ERROR_RESPONSES)
@@ -58,13 +58,13 @@ Id = Annotated[int | None, Query(ge=0, le=2**32 - 2)]
 
 
 @content.get(CONTENT + "{volume_id}/path")
-async def stat_path(files: Files, path: str) -> dict[str, Any]:
-    return await asyncio.to_thread(files.stat, path)
+async def stat_path(files: Files, path: str) -> VolumeEntry:
+    return VolumeEntry(**await asyncio.to_thread(files.stat, path))
 
 
 @content.patch(CONTENT + "{volume_id}/path")
-async def update_path(files: Files, path: str, body: PathUpdate) -> dict[str, Any]:
-    return await asyncio.to_thread(files.update, path, body.uid, body.gid, body.mode)
+async def update_path(files: Files, path: str, body: PathUpdate) -> VolumeEntry:
+    return VolumeEntry(**await asyncio.to_thread(files.update, path, body.uid, body.gid, body.mode))
 
 
 @content.delete(CONTENT + "{volume_id}/path", status_code=204)
@@ -76,15 +76,15 @@ async def remove_path(files: Files, path: str) -> Response:
 @content.get(CONTENT + "{volume_id}/dir")
 async def list_dir(
     files: Files, path: str, depth: Annotated[int, Query(ge=1, le=64)] = 1
-) -> list[dict[str, Any]]:
-    return await asyncio.to_thread(files.list_dir, path, depth)
+) -> list[VolumeEntry]:
+    return [VolumeEntry(**e) for e in await asyncio.to_thread(files.list_dir, path, depth)]
 
 
 @content.post(CONTENT + "{volume_id}/dir", status_code=201)
 async def make_dir(
     files: Files, path: str, uid: Id = None, gid: Id = None, mode: Mode = None, force: bool = False
-) -> dict[str, Any]:
-    return await asyncio.to_thread(files.make_dir, path, uid, gid, mode, force)
+) -> VolumeEntry:
+    return VolumeEntry(**await asyncio.to_thread(files.make_dir, path, uid, gid, mode, force))
 
 
 @content.get(CONTENT + "{volume_id}/file")
@@ -103,6 +103,7 @@ async def write_file(
     gid: Id = None,
     mode: Mode = None,
     force: bool = False,
-) -> dict[str, Any]:
+) -> VolumeEntry:
     limit = cfg.server.max_volume_file_bytes
-    return await files.write_file(path, request.stream(), limit, uid, gid, mode, force)
+    written = await files.write_file(path, request.stream(), limit, uid, gid, mode, force)
+    return VolumeEntry(**written)
