@@ -30,7 +30,7 @@ class EgressRules:
     internet: bool = True
     allow: tuple[IPv4Network, ...] = ()
     deny: tuple[IPv4Network, ...] = ()
-    # Host names (`example.com`, `*.example.com`, `*`) allowed over HTTP and TLS.
+    # Host names (`site.test`, `*.site.test`, `*`) allowed over HTTP and TLS.
     domains: tuple[str, ...] = ()
 
     @property

@@ -103,8 +103,8 @@ def test_private_ports_and_the_host_mask(server: LiveServer) -> None:
 def test_bad_rules_are_refused_and_nothing_is_made(server: LiveServer) -> None:
     before = len(Sandbox.list().next_items())
     for network, message in [
-        ({"denyOut": ["example.com"]}, "invalid denied CIDR example.com"),
-        ({"allowOut": ["*.example.com"], "denyOut": ["8.8.8.8"]}, "include 'ALL_TRAFFIC'"),
+        ({"denyOut": ["site.test"]}, "invalid denied CIDR site.test"),
+        ({"allowOut": ["*.site.test"], "denyOut": ["198.51.100.8"]}, "include 'ALL_TRAFFIC'"),
         ({"allowOut": ["2001:db8::1"]}, "IPv4 only"),
         ({"egressProxy": {"address": "x"}}, "egressProxy"),
     ]:

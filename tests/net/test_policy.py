@@ -197,7 +197,7 @@ def test_domain_rules_send_http_and_tls_to_the_egress_proxy() -> None:
     rules = EgressRules(
         allow=(IPv4Network("198.51.100.0/24"),),
         deny=(IPv4Network("0.0.0.0/0"),),
-        domains=("example.com",),
+        domains=("site.test",),
     )
     egress = EgressPolicy(proxy=policy.EgressPorts(http=40080, tls=40443))
     text = policy.namespace_rules(PLAN, rules, egress)
@@ -215,7 +215,7 @@ def test_domain_rules_send_http_and_tls_to_the_egress_proxy() -> None:
     )
     assert to_proxy < forward.index(f"-A FORWARD -i tap0 -d 10.198.0.0/16 {REJECT}")
     # No internet is all traffic denied: its allowed domains still go to the proxy.
-    closed = EgressRules(internet=False, domains=("example.com",))
+    closed = EgressRules(internet=False, domains=("site.test",))
     assert "DNAT --to-destination 10.198.0.13:40443" in policy.namespace_rules(PLAN, closed, egress)
     # Without domains, or before the proxy listens, nothing goes to it.
     assert "DNAT --to-destination 10.198.0.13" not in policy.namespace_rules(
