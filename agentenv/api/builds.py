@@ -29,6 +29,7 @@ from ..images.stepbuild import Recipe
 from ..images.templates import validate_name
 from .deps import BuildsDep, CatalogDep, ConfigDep
 from .errors import ERROR_RESPONSES
+from .logpages import Direction, log_page
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -297,22 +298,18 @@ async def build_logs(
     build_id: str,
     cursor: Annotated[int | None, Query(ge=0)] = None,
     limit: Annotated[int, Query(ge=0, le=100)] = 100,
-    direction: Literal["forward", "backward"] = "forward",
+    direction: Direction = "forward",
     level: LogLevel | None = None,
     source: Literal["temporary", "persistent"] | None = None,
 ) -> dict[str, Any]:
     """`TemplateBuildLogsResponse`: log lines from `cursor` (ms since the epoch) on, or
     back from it, newest first. Builds are kept in memory: `source` changes nothing."""
     lines = builds.tracker.get(template_id, build_id).logs(level)
-    stamped = [(_epoch_ms(line.timestamp), line) for line in lines]
-    if direction == "forward":
-        chosen = [line for ms, line in stamped if cursor is None or ms >= cursor]
-    else:
-        chosen = [line for ms, line in reversed(stamped) if cursor is None or ms <= cursor]
+    chosen = log_page(lines, lambda line: _epoch_ms(line.timestamp), cursor, direction, limit)
     return {
         "logs": [
             {"timestamp": line.timestamp, "level": line.level, "message": line.message}
-            for line in chosen[:limit]
+            for line in chosen
         ]
     }
 

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..images.builds import LogLevel
 from ..net.rules import MAX_ENTRIES as MAX_RULES
 from .limits import MAX_ENTRIES, PRINTABLE, EnvVars, Metadata
 
@@ -203,9 +204,6 @@ class SandboxMetric(BaseModel):
     diskTotal: int
     # Not E2B's: what the sandbox's VMM holds in host memory (PSS, bytes).
     hostMemUsed: int | None = None
-
-
-LogLevel = Literal["debug", "info", "warn", "error"]
 
 
 class SandboxLogEntry(BaseModel):

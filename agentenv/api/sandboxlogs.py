@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from ..images.builds import LEVELS, LogLevel
 from .deps import ManagerDep
 from .errors import ERROR_RESPONSES
-from .models import LogLevel, SandboxLogEntry, SandboxLogLine, SandboxLogs, SandboxLogsV2
+from .logpages import Direction, log_page
+from .models import SandboxLogEntry, SandboxLogLine, SandboxLogs, SandboxLogsV2
 
 router = APIRouter(responses=ERROR_RESPONSES)
-_SEVERITY = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 
 
 def _entry(raw: dict[str, Any]) -> SandboxLogEntry:
@@ -52,21 +53,17 @@ async def sandbox_logs_v2(
     sandbox_id: str,
     cursor: Annotated[int | None, Query(ge=0)] = None,
     limit: Annotated[int, Query(ge=0, le=1000)] = 1000,
-    direction: Literal["forward", "backward"] = "forward",
+    direction: Direction = "forward",
     level: LogLevel | None = None,
     search: Annotated[str | None, Query(max_length=256)] = None,
 ) -> SandboxLogsV2:
     """Forward: entries at or after `cursor` (ms), oldest first; backward: at or before it
     (default: now), newest first. `level` is the lowest kept; `search` a substring."""
-    raw = await manager.logs(sandbox_id)
+    floor = LEVELS.index(level) if level else 0
     kept = [
         r
-        for r in raw
-        if (level is None or _SEVERITY[r["level"]] >= _SEVERITY[level])
-        and (search is None or search in r["message"])
+        for r in await manager.logs(sandbox_id)
+        if LEVELS.index(r["level"]) >= floor and (search is None or search in r["message"])
     ]
-    if direction == "forward":
-        kept = [r for r in kept if r["timestampMs"] >= (cursor or 0)]
-    else:
-        kept = [r for r in reversed(kept) if cursor is None or r["timestampMs"] <= cursor]
-    return SandboxLogsV2(logs=[_entry(r) for r in kept[:limit]])
+    page = log_page(kept, lambda r: r["timestampMs"], cursor, direction, limit)
+    return SandboxLogsV2(logs=[_entry(r) for r in page])

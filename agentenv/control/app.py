@@ -40,7 +40,6 @@ from ..observe.metrics import (
     exposition,
     set_counts,
 )
-from ..proxy.reset import CLIENT_CONNECTIONS
 from ..proxy.router import refuse, target_of
 from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
 from ..proxy.target import BadTarget
@@ -281,12 +280,9 @@ class ControlProxy:
         def unreachable(exc: httpx.HTTPError) -> str:
             return f"the node of sandbox {target.sandbox_id} cannot be reached: {exc}"
 
-        def cut() -> None:
-            # The node reset its side (the sandbox is gone): the client sees the same.
-            CLIENT_CONNECTIONS.reset(scope)
-
         RELAYED.labels("data", "-").inc()
-        await stream_through(plane.client, request, receive, send, unreachable, cut=cut)
+        # A node that resets its side (the sandbox is gone) has the client's reset too.
+        await stream_through(plane.client, request, receive, send, unreachable, scope)
 
     async def _node_url(self, sandbox_id: str) -> str | None:
         now = time.monotonic()

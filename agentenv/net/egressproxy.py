@@ -48,6 +48,9 @@ class EgressProxy:
         # The rules of the running sandbox whose namespace address a connection comes from.
         self._rules_at = rules_at
         self._policy = policy
+        # The guests' own resolver (the host's when none is configured); no cache, so a
+        # name is looked up again for every connection.
+        self._resolver = _resolver(policy)
         self._host_subnet = IPv4Network(host_subnet)
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task] = set()
@@ -134,12 +137,8 @@ class EgressProxy:
 
     async def _resolve(self, name: str) -> list[IPv4Address]:
         """`name`'s IPv4 addresses, from the guests' resolver, that guests may reach."""
-        resolver = dns.asyncresolver.Resolver(configure=self._policy.dns_server is None)
-        if self._policy.dns_server is not None:
-            resolver.nameservers = [str(self._policy.dns_server)]
-        resolver.lifetime = STEP_TIMEOUT
         with contextlib.suppress(dns.resolver.NoAnswer, dns.resolver.NXDOMAIN):
-            answer = await resolver.resolve(name, "A")
+            answer = await self._resolver.resolve(name, "A")
             return [IPv4Address(a.address) for a in answer if self._reachable(a.address)]
         return []
 
@@ -150,6 +149,19 @@ class EgressProxy:
         if any(ip in allowed for allowed in self._policy.allowed_ranges):
             return True
         return not any(ip in blocked for blocked in BLOCKED_RANGES)
+
+
+def _resolver(policy: EgressPolicy) -> dns.asyncresolver.Resolver:
+    """A resolver asking `policy`'s DNS server, else the host's; with neither, one that
+    answers nothing (so every name is refused, as guests get no DNS either)."""
+    try:
+        resolver = dns.asyncresolver.Resolver(configure=policy.dns_server is None)
+    except dns.resolver.NoResolverConfiguration:
+        resolver = dns.asyncresolver.Resolver(configure=False)
+    if policy.dns_server is not None:
+        resolver.nameservers = [str(policy.dns_server)]
+    resolver.lifetime = STEP_TIMEOUT
+    return resolver
 
 
 async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

@@ -10,7 +10,6 @@ import httpx
 from yarl import URL
 
 from ..runtime.manager import AGENT_PORT, Route
-from .reset import CLIENT_CONNECTIONS
 from .signedurl import signer_target
 from .stream import (
     HOP_BY_HOP,
@@ -133,12 +132,7 @@ class SandboxProxy:
         def alive() -> bool:
             return self._resolve(target.sandbox_id) is route
 
-        def cut() -> None:
-            # A reset, as a dropped connection: the SDKs then probe the sandbox and
-            # report it killed; a plain close mid-answer reads as a protocol error.
-            CLIENT_CONNECTIONS.reset(scope)
-
-        await stream_through(client, request, receive, send, unreachable, alive, cut)
+        await stream_through(client, request, receive, send, unreachable, scope, alive)
 
     def _closing_on_shutdown(self, send: Send) -> Send:
         async def send_and_close(message: dict[str, Any]) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from .reset import CLIENT_CONNECTIONS
+
 log = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
@@ -62,14 +64,16 @@ async def stream_through(
     receive: Receive,
     send: Send,
     unreachable: Callable[[httpx.HTTPError], str],
+    scope: Scope,
     alive: Callable[[], bool] = lambda: True,
-    cut: Callable[[], None] = lambda: None,
 ) -> None:
-    """Send `request` and stream the answer to the client; 502 with `unreachable(error)`
-    when the upstream cannot be reached. The answer is cut off with `cut()` when the
-    upstream breaks mid-answer, or once `alive()` turns false (the sandbox was killed or
-    paused: a killed guest's network is gone without a reset, and its streams would
-    otherwise hang)."""
+    """Send `request` and stream the answer to the client of `scope`; 502 with
+    `unreachable(error)` when the upstream cannot be reached. The client's connection is
+    reset when the upstream breaks mid-answer, or once `alive()` turns false (the sandbox
+    was killed or paused: a killed guest's network is gone without a reset, and its
+    streams would otherwise hang). A reset reads as a dropped connection, so the SDKs
+    probe the sandbox and report it killed; a plain close mid-answer reads as a protocol
+    error."""
     try:
         upstream = await client.send(request, stream=True)
     except httpx.HTTPError as exc:
@@ -84,9 +88,10 @@ async def stream_through(
     ended = asyncio.ensure_future(_until_dead(alive))
     try:
         await asyncio.wait({relay, gone, ended}, return_when=asyncio.FIRST_COMPLETED)
-        broke = relay.done() and not relay.cancelled() and relay.exception() is None
-        if (ended.done() and not relay.done()) or (broke and not relay.result()):
-            cut()
+        finished = relay.done() and not relay.cancelled() and relay.exception() is None
+        upstream_broke = finished and not relay.result()
+        if upstream_broke or (ended.done() and not relay.done()):
+            CLIENT_CONNECTIONS.reset(scope)
     finally:
         for task in (relay, gone, ended):
             task.cancel()

@@ -44,8 +44,6 @@ class VolumeFiles:
     """The files of one volume, rooted at `root` (a directory of the node's)."""
 
     def __init__(self, root: Path, spool: Path) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        spool.mkdir(parents=True, exist_ok=True)
         self._root = RootFS(str(root))
         # Uploads are written here, then renamed into place (one file system): a crash
         # mid-upload leaves nothing in the volume, and the node clears this at start.

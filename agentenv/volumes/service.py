@@ -22,20 +22,23 @@ class Volumes:
 
     async def sweep(self) -> None:
         """At start: uploads a crash cut short, and the files of volumes whose record is
-        gone (a delete that died between the two), are removed."""
+        gone (a delete that died between the two), are removed; a volume whose directory
+        is missing (a create that died between the two) gets it."""
         known = {record.volume_id for record in await self.registry.list()}
         await asyncio.to_thread(self._sweep, known)
 
     def _sweep(self, known: set[str]) -> None:
         shutil.rmtree(self._spool, ignore_errors=True)
-        if self._root.is_dir():
-            for entry in self._root.iterdir():
-                if entry.name not in known and entry != self._spool:
-                    shutil.rmtree(entry, ignore_errors=True)
+        self._spool.mkdir(parents=True)
+        for entry in self._root.iterdir():
+            if entry.name not in known and entry != self._spool:
+                shutil.rmtree(entry, ignore_errors=True)
+        for volume_id in known:
+            (self._root / volume_id).mkdir(exist_ok=True)
 
     async def create(self, name: str) -> VolumeRecord:
         record = await self.registry.create(name)
-        await asyncio.to_thread(self.files, record)
+        await asyncio.to_thread((self._root / record.volume_id).mkdir, parents=True)
         return record
 
     async def delete(self, volume_id: str) -> None:
@@ -54,4 +57,4 @@ class Volumes:
             token.strip().encode(), record.token.encode()
         ):
             raise Unauthorized("missing or invalid volume token")
-        return await asyncio.to_thread(self.files, record)
+        return self.files(record)

@@ -29,6 +29,18 @@ def _forward(rules: str) -> list[str]:
     return [line for line in rules.splitlines() if line.startswith("-A FORWARD")]
 
 
+def assert_restorable(rules: str) -> None:
+    """iptables-restore takes `rules`: checked in a throwaway namespace, where --test
+    parses and checks them without applying anything."""
+    checked = subprocess.run(
+        ["unshare", "--net", "iptables-restore", "--test"],
+        input=rules,
+        capture_output=True,
+        text=True,
+    )
+    assert checked.returncode == 0, checked.stderr
+
+
 def _node_policy(rules: str) -> list[str]:
     return [line for line in rules.splitlines() if line.startswith("-A NODE-POLICY")]
 
@@ -140,14 +152,7 @@ def test_no_internet_rejects_every_new_connection_and_has_no_exceptions() -> Non
 def test_iptables_restore_accepts_the_rules(allow_internet: bool) -> None:
     egress = EgressPolicy((IPv4Network("10.20.0.0/16"),), IPv4Address("10.0.0.2"))
     rules = policy.namespace_rules(PLAN, EgressRules(internet=allow_internet), egress)
-    # A throwaway namespace: --test parses and checks without applying anything.
-    checked = subprocess.run(
-        ["unshare", "--net", "iptables-restore", "--test"],
-        input=rules,
-        capture_output=True,
-        text=True,
-    )
-    assert checked.returncode == 0, checked.stderr
+    assert_restorable(rules)
 
 
 def test_host_chains_are_per_prefix_and_drop_what_sandboxes_open_on_the_host() -> None:
@@ -221,13 +226,7 @@ def test_domain_rules_send_http_and_tls_to_the_egress_proxy() -> None:
     assert "DNAT --to-destination 10.198.0.13" not in policy.namespace_rules(
         PLAN, EgressRules(), egress
     )
-    checked = subprocess.run(
-        ["unshare", "--net", "iptables-restore", "--test"],
-        input=text,
-        capture_output=True,
-        text=True,
-    )
-    assert checked.returncode == 0, checked.stderr
+    assert_restorable(text)
     chains = {c.name: c for c in host_chains("aenvp", "10.198.0.0/16", egress.proxy)}
     assert chains["AENVP-INPUT"].rules[1] == (
         "-i", "aenvp+", "-p", "tcp", "-m", "multiport", "--dports", "40080,40443", "-j", "ACCEPT"

@@ -19,6 +19,13 @@ async def _body(*chunks: bytes) -> AsyncIterator[bytes]:
         yield chunk
 
 
+def volume_files(tmp_path: Path) -> VolumeFiles:
+    """A volume's directory and the spool, as the node makes them."""
+    (tmp_path / "vol").mkdir()
+    (tmp_path / "spool").mkdir()
+    return VolumeFiles(tmp_path / "vol", tmp_path / "spool")
+
+
 def write(files: VolumeFiles, path: str, data: bytes, force: bool = False, **kw) -> dict:
     return asyncio.run(
         files.write_file(
@@ -28,7 +35,7 @@ def write(files: VolumeFiles, path: str, data: bytes, force: bool = False, **kw)
 
 
 def test_files_and_directories(tmp_path: Path) -> None:
-    files = VolumeFiles(tmp_path / "vol", tmp_path / "spool")
+    files = volume_files(tmp_path)
     made = files.make_dir("/a/b", 1000, 1000, 0o700, force=True)
     assert (made["path"], made["type"], made["mode"], made["uid"]) == (
         "/a/b",
@@ -71,7 +78,7 @@ def test_files_and_directories(tmp_path: Path) -> None:
 def test_nothing_outside_the_volume_is_reached(tmp_path: Path) -> None:
     outside = tmp_path / "secret.txt"
     outside.write_text("host file")
-    files = VolumeFiles(tmp_path / "vol", tmp_path / "spool")
+    files = volume_files(tmp_path)
     # `..` stops at the volume's root.
     write(files, "../../secret.txt", b"inside")
     assert outside.read_text() == "host file"

@@ -46,9 +46,16 @@ async def test_the_sweep_removes_what_a_crash_left(tmp_path: Path) -> None:
         (tmp_path / "volumes" / kept.volume_id / "file").write_text("mine")
         # A delete that died after its record went, and an upload cut short.
         await volumes.registry.delete(dropped.volume_id)
+        (tmp_path / "volumes" / ".spool").mkdir()
         (tmp_path / "volumes" / ".spool" / "tmpupload").write_text("partial")
+        # And a create that died before its directory was made.
+        orphan = await volumes.registry.create("no-directory")
         await volumes.sweep()
-        assert sorted(p.name for p in (tmp_path / "volumes").iterdir()) == [kept.volume_id]
+        left = sorted(p.name for p in (tmp_path / "volumes").iterdir())
+        assert left == sorted([".spool", kept.volume_id, orphan.volume_id])
+        assert list((tmp_path / "volumes" / ".spool").iterdir()) == []
         assert (tmp_path / "volumes" / kept.volume_id / "file").read_text() == "mine"
+        files = await volumes.open(orphan.volume_id, f"Bearer {orphan.token}")
+        assert files.list_dir("/") == []
     finally:
         await store.close()
