@@ -49,6 +49,9 @@ class PathsConfig:
     # Empty means a folder under home; tests point these at a shared cache.
     kit_dir: str = ""
     images_dir: str = ""
+    # Volumes' files; empty means <home>/volumes. In a cluster, a file system every node
+    # mounts at this path (each node serves the volumes its own sandboxes mount).
+    volumes_dir: str = ""
 
 
 @dataclass
@@ -232,6 +235,10 @@ class Config:
     @property
     def cache_dir(self) -> Path:
         return Path(self.cache.dir) if self.cache.dir else self.home / "cache"
+
+    @property
+    def volumes_dir(self) -> Path:
+        return Path(self.paths.volumes_dir) if self.paths.volumes_dir else self.home / "volumes"
 
     @property
     def sandboxes_dir(self) -> Path:

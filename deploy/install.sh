@@ -33,7 +33,7 @@ if [ "$APT" = 1 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         python3-venv python3-dev gcc pkg-config libfuse3-dev fuse3 qemu-system-x86 qemu-utils \
         busybox-static debootstrap iptables iproute2 e2fsprogs cpio kmod zstd util-linux \
-        procps ca-certificates
+        procps ca-certificates nfs-ganesha nfs-ganesha-vfs rpcbind
 fi
 
 python3 -m venv "$DEST"

@@ -77,6 +77,7 @@ def listed_fields(record: SandboxRecord) -> dict:
         "state": PUBLIC_STATE[record.state],
         "envdVersion": ENVD_VERSION,
         "node": record.node or None,
+        "volumeMounts": [{"name": m["name"], "path": m["path"]} for m in record.volume_mounts],
     }
 
 

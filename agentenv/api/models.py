@@ -45,6 +45,13 @@ class SandboxNetwork(NetworkEgress):
     )
 
 
+class VolumeMount(BaseModel):
+    """E2B's SandboxVolumeMount: a volume (by name) and where the guest sees it."""
+
+    name: str = Field(min_length=1, max_length=128)
+    path: str = Field(min_length=1, max_length=1024)
+
+
 class NewSandbox(_Request):
     """Body of `POST /sandboxes` and `POST /v2/sandboxes`."""
 
@@ -63,8 +70,8 @@ class NewSandbox(_Request):
     # MCP servers for the template's `mcp-gateway`, which the SDK itself starts in the new
     # sandbox (killing it if the gateway fails); the server, as E2B's, only accepts it.
     mcp: dict[str, Any] | None = Field(default=None, max_length=MAX_ENTRIES)
-    # Accepted so that asking for them gets a clear refusal (`docs/volumes.md`).
-    volumeMounts: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_ENTRIES)
+    # Named volumes to mount at paths in the guest (`docs/volumes.md`).
+    volumeMounts: list[VolumeMount] | None = Field(default=None, max_length=MAX_ENTRIES)
     network: SandboxNetwork | None = None
 
 
@@ -166,6 +173,7 @@ class ListedSandbox(BaseModel):
     node: str | None = None
     # Running, on the node that answers: what it holds in host memory (PSS, MiB).
     hostMemoryMB: int | None = None
+    volumeMounts: list[VolumeMount] = Field(default_factory=list)
 
 
 class Lifecycle(BaseModel):

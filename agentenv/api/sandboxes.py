@@ -22,6 +22,7 @@ from ..runtime.lifecycle import PUBLIC_STATE
 from ..runtime.manager import CreateRequest
 from ..runtime.memory import MIB
 from ..runtime.node import Node
+from ..runtime.volumeexports import resolve_mounts
 from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
 from .errors import ERROR_RESPONSES
 from .listing import CLIENT_ID, ListQuery, list_query, listed_fields, listed_page, running_listed
@@ -95,11 +96,7 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
     if auto_resume and not body.autoPauseMemory:
         # A filesystem-only pause has no running state for traffic to wake (E2B's rule).
         raise InvalidInput("autoResume needs autoPauseMemory: a paused disk cannot be woken")
-    if body.volumeMounts:
-        raise InvalidInput(
-            "volumeMounts: mounting volumes into sandboxes is not supported yet; their files"
-            " are reached through the volume content API"
-        )
+    mounts = [m.model_dump() for m in body.volumeMounts or []]
     request = CreateRequest(
         template_id=body.templateID,
         timeout=cfg.sandbox.default_timeout if body.timeout is None else body.timeout,
@@ -112,6 +109,7 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
         pause_after_idle=body.pauseAfterIdle,
         auto_resume=auto_resume,
         network=network_option(body.network, body.allow_internet_access),
+        volume_mounts=await resolve_mounts(node.volumes, mounts),
     )
     record = await node.create(request, lambda name: _template_for(node, name))
     return sandbox_answer(record, public_domain(cfg))

@@ -40,6 +40,8 @@ sandboxes = sa.Table(
     sa.Column("auto_resume", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("network", sa.Text, nullable=False, server_default="{}"),
     sa.Column("traffic_token", sa.Text),
+    # Volumes mounted into it: [{"name", "volumeID", "path"}].
+    sa.Column("volume_mounts", sa.Text, nullable=False, server_default="[]"),
     # A network slot is a node's: two nodes may both use slot 0.
     sa.UniqueConstraint("node", "slot", name="sandboxes_node_slot"),
 )
@@ -69,4 +71,6 @@ volumes = sa.Table(
     # The content API's bearer token for this volume.
     sa.Column("token", sa.Text, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
+    # Its NFS export's id (1 to 65535), kept for its life: guests' file handles carry it.
+    sa.Column("export_id", sa.Integer, nullable=False, unique=True),
 )

@@ -64,9 +64,11 @@ class SandboxRecord:
     network: dict[str, Any] = field(default_factory=dict)
     # With `allowPublicTraffic: false`: the token requests to its ports must carry.
     traffic_token: str | None = None
+    # Volumes mounted into it: [{"name", "volumeID", "path"}] (`runtime/volumeexports.py`).
+    volume_mounts: list[dict[str, str]] = field(default_factory=list)
 
 
-_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers", "network")
+_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers", "network", "volume_mounts")
 _TIME_FIELDS = ("started_at", "end_at")
 _COLUMNS = [f.name for f in fields(SandboxRecord)]
 _MIGRATIONS = Path(__file__).with_name("migrations")

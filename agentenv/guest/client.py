@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from ..errors import Unavailable
 from .agent import init_secret
 from .rpc import ConnectError, EnvelopeDecoder, encode_envelope, error_from_json
 
@@ -58,8 +59,10 @@ class AgentClient:
         *,
         user: str | None = None,
         workdir: str | None = None,
+        volume_mounts: list[dict[str, str]] | None = None,
     ) -> None:
-        """Hand the agent the sandbox's environment, token, defaults, clock and entropy."""
+        """Hand the agent the sandbox's environment, token, defaults, clock and entropy,
+        and the volumes it mounts (E2B's envd `volumeMounts`)."""
         body: dict[str, object] = {
             "envVars": env_vars,
             "timestamp": datetime.now(UTC).isoformat(),
@@ -72,6 +75,8 @@ class AgentClient:
             body["defaultUser"] = user
         if workdir:
             body["defaultWorkdir"] = workdir
+        if volume_mounts:
+            body["volumeMounts"] = volume_mounts
         if self._reclaim_after_idle is not None:
             body["reclaimAfterIdle"] = self._reclaim_after_idle
         await self._host_call("/init", body)
@@ -89,6 +94,13 @@ class AgentClient:
         headers = {init_secret.HEADER: self._init_secret or ""}
         async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
             response = await client.post(path, json=body, headers=headers)
+            if response.status_code >= 500:
+                # The guest's own reason (a volume it could not mount, say) is the error.
+                try:
+                    reason = str(response.json()["message"])
+                except (ValueError, KeyError, TypeError):
+                    reason = response.text[:500]
+                raise Unavailable(f"the sandbox's guest failed {path}: {reason}")
             response.raise_for_status()
             return response
 

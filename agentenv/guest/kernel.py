@@ -22,14 +22,18 @@ WANTED_MODULES = (
     "virtio_rng",
     "qemu_fw_cfg",
 )
+# Loaded by the agent only when a sandbox mounts a volume (NFSv3 from the node), so guests
+# without volumes do not pay for them at boot; they live on the runtime disk.
+NFS_MODULES = ("nfsv3",)
 
 
 @dataclass(frozen=True)
 class KernelFiles:
-    """An unpacked kernel: vmlinuz, modules in load order, and the release string."""
+    """An unpacked kernel: vmlinuz, boot and NFS modules in load order, and the release."""
 
     vmlinuz: Path
     modules: list[Path]
+    nfs_modules: list[Path]
     release: str
     package: str
 
@@ -144,13 +148,19 @@ def fetch_kernel(cfg: Config, work: Path, dest: Path, progress: Progress) -> Ker
             raise KitBuildError(f"kernel: {vmlinuz.name} missing from {package}")
         run("depmod", ["depmod", "-b", tree, release])
         moddir = tree / "lib/modules" / release
-        order = module_load_order(WANTED_MODULES, (moddir / "modules.dep").read_text())
+        modules_dep = (moddir / "modules.dep").read_text()
+        order = module_load_order(WANTED_MODULES, modules_dep)
+        nfs_order = [p for p in module_load_order(NFS_MODULES, modules_dep) if p not in order]
         dest.mkdir(parents=True, exist_ok=True)
+        (dest / "nfs").mkdir(exist_ok=True)
         shutil.copyfile(vmlinuz, dest / "vmlinuz")
-        modules = []
-        for rel in order:
-            out = dest / f"{module_name(rel)}.ko"
-            _decompress(moddir / rel, out)
-            modules.append(out)
+        modules = [_unpacked(moddir, rel, dest) for rel in order]
+        nfs_modules = [_unpacked(moddir, rel, dest / "nfs") for rel in nfs_order]
     progress(f"kernel {release}: modules {' '.join(m.stem for m in modules)}")
-    return KernelFiles(dest / "vmlinuz", modules, release, package)
+    return KernelFiles(dest / "vmlinuz", modules, nfs_modules, release, package)
+
+
+def _unpacked(moddir: Path, rel: str, dest: Path) -> Path:
+    out = dest / f"{module_name(rel)}.ko"
+    _decompress(moddir / rel, out)
+    return out

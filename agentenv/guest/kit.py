@@ -30,7 +30,7 @@ from agentenv.guest.buildutil import (
 from agentenv.guest.debootstrap import clean_tree, debootstrap
 from agentenv.guest.ext4 import pack_ext4
 from agentenv.guest.initramfs import INIT_SCRIPT, build_initramfs
-from agentenv.guest.kernel import WANTED_MODULES, fetch_kernel
+from agentenv.guest.kernel import NFS_MODULES, WANTED_MODULES, fetch_kernel
 
 __all__ = [
     "Kit",
@@ -49,6 +49,8 @@ AGENT_PORT = 49983
 RUNTIME_LABEL = "aenv-runtime"
 ROOTFS_LABEL = "aenv-rootfs"
 RUNTIME_PACKAGES = ("python3", "python3-aiohttp")
+# On the runtime disk; the agent's `volumes` module reads it.
+AGENT_MODULES_DIR = "opt/aenv/modules"
 RUNTIME_MOUNTPOINTS = ("rootfs", "proc", "sys", "dev", "tmp", "run")
 KERNEL_NAME, INITRD_NAME, RUNTIME_NAME = "vmlinuz", "initrd.img", "runtime.ext4"
 
@@ -71,6 +73,7 @@ def kit_inputs(cfg: Config) -> dict[str, object]:
         "suite": cfg.kit.suite,
         "kernel_package": cfg.kit.kernel_package,
         "modules": list(WANTED_MODULES),
+        "nfs_modules": list(NFS_MODULES),
         "runtime_packages": list(RUNTIME_PACKAGES),
     }
 
@@ -183,7 +186,9 @@ def _build_into(
     cfg: Config, work: Path, out: Path, agent: Path, progress: Progress, *, force: bool
 ) -> dict[str, object]:
     inputs = kit_inputs(cfg)
-    kernel_key = _key(inputs, "format", "mirror", "suite", "kernel_package", "modules")
+    kernel_key = _key(
+        inputs, "format", "mirror", "suite", "kernel_package", "modules", "nfs_modules"
+    )
     kdir = _cached_stage(cfg, "kernel", kernel_key, force, progress, _kernel_stage(cfg, progress))
     info = json.loads((kdir / "kernel.json").read_text())
     shutil.copyfile(kdir / KERNEL_NAME, out / KERNEL_NAME)
@@ -196,6 +201,7 @@ def _build_into(
     with step(progress, "installing agent into runtime tree"):
         run("copy runtime tree", ["cp", "-a", rdir / "tree", tree])
         install_agent(tree, agent)
+        install_modules(tree, [kdir / "nfs" / f"{name}.ko" for name in info["nfs_modules"]])
     size = pack_ext4(tree, out / RUNTIME_NAME, None, RUNTIME_LABEL, progress, journal=False)
     return {
         "kernel_release": info["release"],
@@ -248,8 +254,12 @@ def _kernel_stage(cfg: Config, progress: Progress) -> Callable[[Path], None]:
     def build(dest: Path) -> None:
         kernel = fetch_kernel(cfg, dest / "work", dest, progress)
         remove_tree(dest / "work")
-        modules = [m.stem for m in kernel.modules]
-        info = {"release": kernel.release, "package": kernel.package, "modules": modules}
+        info = {
+            "release": kernel.release,
+            "package": kernel.package,
+            "modules": [m.stem for m in kernel.modules],
+            "nfs_modules": [m.stem for m in kernel.nfs_modules],
+        }
         (dest / "kernel.json").write_text(json.dumps(info, indent=2) + "\n")
         if kernel.vmlinuz != dest / KERNEL_NAME:
             os.replace(kernel.vmlinuz, dest / KERNEL_NAME)
@@ -291,6 +301,15 @@ def install_agent(tree: Path, agent_src: Path) -> None:
         ["chroot", tree, "/usr/bin/python3", "-m", "compileall", "-q", "--invalidation-mode",
          "unchecked-hash", "/opt/aenv"],
     )  # fmt: skip
+
+
+def install_modules(tree: Path, modules: list[Path]) -> None:
+    """Modules the agent loads on demand, in /opt/aenv/modules with their load order."""
+    dest = tree / AGENT_MODULES_DIR
+    dest.mkdir(parents=True, exist_ok=True)
+    for module in modules:
+        shutil.copyfile(module, dest / module.name)
+    (dest / "load-order").write_text("".join(f"{m.stem}\n" for m in modules))
 
 
 def prune_kits(cfg: Config, keep: Iterable[str] = ()) -> list[Path]:

@@ -118,19 +118,27 @@ def _namespace_sysctls() -> list[str]:
 
 
 async def apply_policy(
-    plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy | None = None
+    plan: NetworkPlan,
+    rules: EgressRules,
+    egress: EgressPolicy | None = None,
+    *,
+    mounts_volumes: bool = False,
 ) -> None:
     """Set what the guest may reach, replacing the namespace's rules whole (atomically, so
     an update never leaves a gap); idempotent. Without `egress` the guest gets no
     exception: no allowed range, no DNS."""
     nsenter = ("nsenter", f"--net={_NETNS_DIR / plan.netns}", "--")
     await _run(*nsenter, "sysctl", "-qw", *_namespace_sysctls())
-    restore = namespace_rules(plan, rules, egress or EgressPolicy())
+    restore = namespace_rules(plan, rules, egress or EgressPolicy(), mounts_volumes=mounts_volumes)
     await _run(*nsenter, "iptables-restore", stdin=restore.encode())
 
 
 async def create_network(
-    plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy | None = None
+    plan: NetworkPlan,
+    rules: EgressRules,
+    egress: EgressPolicy | None = None,
+    *,
+    mounts_volumes: bool = False,
 ) -> None:
     """Create namespace, veth pair, tap and rules (see `apply_policy`); on failure nothing is
     left behind."""
@@ -158,10 +166,40 @@ async def create_network(
         )
         await _run("ip", "-batch", "-", stdin=host_side.encode())
         await _run("ip", "-n", plan.netns, "-batch", "-", stdin=ns_side.encode())
-        await apply_policy(plan, rules, egress)
+        await apply_policy(plan, rules, egress, mounts_volumes=mounts_volumes)
     except BaseException:
         await destroy_network(plan.netns, plan.host_veth)
         raise
+
+
+async def create_service_namespace(
+    netns: str, host_veth: str, host_ip: str, ns_ip: str, rules: str
+) -> None:
+    """A namespace for one of the node's own services, joined to the host by a /30 veth
+    pair, its iptables-restore `rules` in place; on failure nothing is left behind."""
+    await _run("ip", "netns", "add", netns)
+    try:
+        host_side = (
+            f"link add {host_veth} type veth peer name svc0 netns {netns}\n"
+            f"addr add {host_ip}/30 dev {host_veth}\nlink set {host_veth} up"
+        )
+        ns_side = (
+            f"link set lo up\naddr add {ns_ip}/30 dev svc0\nlink set svc0 up\n"
+            f"route add default via {host_ip}"
+        )
+        await _run("ip", "-batch", "-", stdin=host_side.encode())
+        await _run("ip", "-n", netns, "-batch", "-", stdin=ns_side.encode())
+        await _run("ip", "netns", "exec", netns, "iptables-restore", stdin=rules.encode())
+    except BaseException:
+        await destroy_network(netns, host_veth)
+        raise
+
+
+async def namespace_pids(netns: str) -> list[int]:
+    """Processes living in `netns` (none if it is gone)."""
+    if not namespace_exists(netns):
+        return []
+    return [int(pid) for pid in (await _run("ip", "netns", "pids", netns)).split()]
 
 
 async def create_detached_tap(netns: str) -> None:

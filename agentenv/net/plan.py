@@ -39,9 +39,10 @@ def plan_network(
     guest_gateway: str,
     guest_prefix: int,
 ) -> NetworkPlan:
-    """Slot k owns the k-th /30 of `host_subnet`: .1 on the host, .2 in the namespace."""
+    """Slot k owns the k-th /30 of `host_subnet`: .1 on the host, .2 in the namespace.
+    The last /30 is the node's NFS server's (`nfs_addresses`)."""
     subnet = ipaddress.ip_network(host_subnet)
-    if not 0 <= slot < subnet.num_addresses // 4:
+    if not 0 <= slot < subnet.num_addresses // 4 - 1:
         raise NetworkError(f"network slot {slot} outside {host_subnet}")
     base = subnet.network_address + 4 * slot
     return NetworkPlan(
@@ -56,3 +57,10 @@ def plan_network(
         guest_gateway=guest_gateway,
         guest_prefix=guest_prefix,
     )
+
+
+def nfs_addresses(host_subnet: str) -> tuple[str, str]:
+    """The host's and the NFS server's address: the last /30 of `host_subnet`."""
+    subnet = ipaddress.ip_network(host_subnet)
+    base = subnet.network_address + subnet.num_addresses - 4
+    return str(base + 1), str(base + 2)

@@ -49,6 +49,12 @@ _REFUSE_CHAIN = [
 ]
 
 
+# NFSv3 and its MOUNT protocol, where guests mount volumes (`volumes/nfs.py`); Linux's
+# NFS server and the guest agent use the same.
+NFS_PORT = 2049
+MOUNT_PORT = 20048
+NFS_PORTS = f"{NFS_PORT},{MOUNT_PORT}"
+
 # The node's policy for what a guest's own rules let through.
 _NODE = "NODE-POLICY"
 
@@ -70,6 +76,8 @@ class EgressPolicy:
     allowed_ranges: tuple[IPv4Network, ...] = ()
     dns_server: IPv4Address | None = None
     proxy: EgressPorts | None = None
+    # The node's NFS server for volumes (`volumes/nfs.py`), opened to sandboxes that mount.
+    nfs_server: IPv4Address | None = None
 
 
 def egress_policy(net: NetConfig) -> EgressPolicy:
@@ -92,7 +100,9 @@ def egress_policy(net: NetConfig) -> EgressPolicy:
     return EgressPolicy(tuple(ranges), dns_server)
 
 
-def namespace_rules(plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy) -> str:
+def namespace_rules(
+    plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy, *, mounts_volumes: bool = False
+) -> str:
     """iptables-restore input for a sandbox's namespace, where the guest cannot change it:
     the node's policy first, then the sandbox's own rules within it."""
     from_guest = f"-i {TAP_NAME}"
@@ -107,6 +117,17 @@ def namespace_rules(plan: NetworkPlan, rules: EgressRules, egress: EgressPolicy)
         f"-A FORWARD {from_guest} ! -s {plan.guest_ip} -j DROP",
         f"-A FORWARD {from_guest} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
     ]
+    if mounts_volumes and egress.nfs_server is not None:
+        # Its volumes, at its gateway's NFS port, whatever its egress rules say.
+        nat.append(
+            f"-A PREROUTING {from_guest} -d {plan.guest_gateway} -p tcp -m multiport"
+            f" --dports {NFS_PORTS} -j DNAT --to-destination {egress.nfs_server}"
+        )
+        forward.append(
+            f"-A FORWARD {from_guest} -p tcp -d {egress.nfs_server} -m multiport"
+            f" --dports {NFS_PORTS} -m conntrack --ctstate DNAT --ctorigdst"
+            f" {plan.guest_gateway} -j ACCEPT"
+        )
     if not rules.internet and not rules.allow and not rules.domains:
         # Nothing at all, DNS included.
         forward.append(f"-A FORWARD {from_guest} -j {_REFUSE}")
@@ -157,6 +178,12 @@ def _to_egress_proxy(plan: NetworkPlan, rules: EgressRules, ports: EgressPorts) 
     return lines
 
 
+def nfs_link_name(name_prefix: str) -> str:
+    """The host's end of the NFS namespace's veth; outside `name_prefix+`, which names
+    sandboxes' veths."""
+    return f"nfs{name_prefix}"
+
+
 @dataclass(frozen=True)
 class HostChain:
     """One of this server's chains on the host, jumped to first from a built-in chain."""
@@ -191,6 +218,8 @@ def host_chains(
         HostChain("filter", f"{tag}-FORWARD", "FORWARD", (
             ("-i", veths, "-o", veths, "-j", "DROP"),
             ("-i", veths, "-j", "ACCEPT"),
+            # The node's NFS server answers its sandboxes (whose own rules decide), no one else.
+            ("-o", nfs_link_name(name_prefix), "-j", "DROP"),
             ("-o", veths, *replies),
             # Only the host itself opens connections to guests, not its network neighbours.
             ("-o", veths, "-j", "DROP"),

@@ -48,6 +48,7 @@ async def requested_record(
         pause_after_idle=request.pause_after_idle,
         auto_resume=request.auto_resume,
         network=request.network,
+        volume_mounts=request.volume_mounts,
     )
 
 

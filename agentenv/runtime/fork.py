@@ -78,6 +78,7 @@ class SandboxForks:
             pause_after_idle=source.pause_after_idle,
             auto_resume=source.auto_resume,
             network=source.network,
+            volume_mounts=source.volume_mounts,
         )
         kit = self.manager.pinned_kit(source)
         return await self.manager.bring_up(

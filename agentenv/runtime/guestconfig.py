@@ -8,6 +8,7 @@ from typing import Any
 from ..control.store import SandboxRecord
 from ..guest.client import AgentClient
 from ..images.catalog import Template
+from .volumeexports import guest_mounts
 
 # In a sandbox's guest config, when it was made from a snapshot (its `template_id` then
 # names the snapshot): the template its disk is an overlay of.
@@ -19,15 +20,17 @@ def disk_template(record: SandboxRecord) -> str:
     return record.guest.get(DISK_TEMPLATE) or record.template_id
 
 
-async def init_agent(record: SandboxRecord, agent: AgentClient) -> None:
+async def init_agent(record: SandboxRecord, agent: AgentClient, gateway: str) -> None:
     """`/init` for a sandbox's guest: its token and env vars over its template's, the
-    template's user and directory as the defaults, a new clock reading and entropy."""
+    template's user and directory as the defaults, a new clock reading and entropy, and
+    its volumes (served at its `gateway`) mounted."""
     guest = record.guest
     await agent.init(
         {**guest.get("env", {}), **record.env_vars},
         record.access_token,
         user=guest.get("user") or None,
         workdir=guest.get("workdir") or None,
+        volume_mounts=guest_mounts(record, gateway),
     )
 
 

@@ -32,14 +32,13 @@ from ..guest.client import AgentClient
 from ..guest.kit import Kit, guest_args, load_kit
 from ..guest.rpc import ConnectError
 from ..images.catalog import Template, TemplateCatalog
-from ..net.netns import (
-    destroy_network,
-)
+from ..net.netns import NetworkError, destroy_network
 from ..net.rules import EGRESS_FIELDS, EgressRules
 from ..observe.metrics import timed
 from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
 from ..vmm.qemuimg import create_qcow2, qcow2_virtual_size
+from ..volumes.nfs import NfsError
 from .admission import Demand, admit, committed_by, demand_of, host_capacity
 from .bootsnap import (
     DISK_BYTES,
@@ -80,6 +79,8 @@ class CreateRequest:
     auto_resume: bool = False
     # E2B's `network` option, checked (`net/rules.py`).
     network: dict[str, Any] = field(default_factory=dict)
+    # Volumes to mount, checked: [{name, volumeID, path}] (`runtime/volumeexports.py`).
+    volume_mounts: list[dict[str, str]] = field(default_factory=list)
     # A size of its own (a template build's cpuCount and memoryMB); None: the template's.
     vcpus: int | None = None
     memory_mb: int | None = None
@@ -331,6 +332,7 @@ class SandboxManager:
         pause_after_idle: int = 0,
         auto_resume: bool = False,
         network: dict[str, Any] | None = None,
+        volume_mounts: list[dict[str, str]] | None = None,
     ) -> SandboxRecord:
         """Admit a sandbox and store its `creating` record with a free network slot (or
         the `reserved` id and slot of a warm VM); `layers` are stored ones its files start
@@ -360,6 +362,7 @@ class SandboxManager:
                 auto_resume=auto_resume,
                 network=dict(network or {}),
                 traffic_token=traffic_token_for(network or {}),
+                volume_mounts=list(volume_mounts or []),
             )
             await self._admit(demand_of(record))
             record.slot = reserved[1] if reserved else await self._free_slot()
@@ -437,7 +440,7 @@ class SandboxManager:
     async def initialize_guest(self, record: SandboxRecord, agent: AgentClient) -> None:
         """Give a guest that has not run before the sandbox's environment and command."""
         guest = record.guest
-        await init_agent(record, agent)
+        await init_agent(record, agent, self.cfg.net.guest_gateway)
         crash_point("create.initialized")
         if guest.get("command"):
             try:
@@ -514,6 +517,12 @@ class SandboxManager:
         if errors:
             raise Unavailable(f"sandbox '{record.sandbox_id}' teardown incomplete: {errors[0]}")
         self.metrics_history.forget(record.sandbox_id)
+        if record.volume_mounts and self.networks.exports is not None:
+            # Its slot is closed to the NFS server already; this tidies the export list.
+            try:
+                await self.networks.exports.publish()
+            except (NfsError, NetworkError) as exc:
+                log.warning("sandbox %s: volume exports not updated: %s", record.sandbox_id, exc)
 
     async def set_timeout(self, sandbox_id: str, timeout: int) -> None:
         """New expiry = now + timeout; it may shorten the sandbox's life as well as extend it."""

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
+from ipaddress import IPv4Address
 from pathlib import Path
 
 from ..config import Config
@@ -32,6 +33,7 @@ from ..storage.blockd import BlockdClient
 from ..storage.stores import open_object_store
 from ..vmm.accel import AccelChoice, choose_accel
 from ..vmm.qemu import QemuDriver, run_dir_for
+from ..volumes.nfs import NfsServer
 from ..volumes.registry import VolumeRegistry
 from ..volumes.service import Volumes
 from .admission import committed_by
@@ -50,6 +52,7 @@ from .recovery import recover
 from .servedram import ServedRam
 from .snapshots import SandboxSnapshots
 from .sweeper import run_sweeper
+from .volumeexports import VolumeExports
 from .warmpool import WarmPool
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,7 @@ class Node:
         builds: TemplateBuilds,
         stack: contextlib.AsyncExitStack,
         nodes: NodeRegistry,
+        volumes: Volumes,
         warm_pool: WarmPool | None = None,
     ) -> None:
         self.cfg = cfg
@@ -88,7 +92,7 @@ class Node:
         self.catalog = catalog
         self.puller = puller
         self.builds = builds
-        self.volumes = Volumes(VolumeRegistry(nodes.engine), cfg.home / "volumes")
+        self.volumes = volumes
         self.memory = MemoryKeeper(manager, self.pauses.pause)
         builds.host = NodeBuildHost(self.create, snapshots)
         self._stack = stack
@@ -163,6 +167,14 @@ class Node:
         # Before any namespace's rules are written: they send guests to these ports.
         networks.egress = dataclasses.replace(networks.egress, proxy=proxy_ports)
         await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix, proxy_ports)
+        volumes = Volumes(VolumeRegistry(store.engine), cfg.volumes_dir)
+        nfs = NfsServer(cfg)
+        # A crashed node's server goes; the recovery below starts a new one if a
+        # sandbox still mounts a volume.
+        await nfs.stop()
+        stack.push_async_callback(nfs.stop)
+        networks.egress = dataclasses.replace(networks.egress, nfs_server=IPv4Address(nfs.address))
+        networks.exports = VolumeExports(store, volumes, nfs, networks.plan)
         await recover(manager)
         uploads = Uploads(manager, objects)
         stack.push_async_callback(uploads.close)
@@ -185,8 +197,9 @@ class Node:
             stack.push_async_callback(pool.close)
             stack.push_async_callback(_cancelled, asyncio.create_task(pool.run()))
         node = cls(
-            cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, nodes, pool
-        )
+            cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, nodes,
+            volumes, pool,
+        )  # fmt: skip
         await node.volumes.sweep()
         tasks = [
             run_sweeper(node.pauses),

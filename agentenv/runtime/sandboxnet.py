@@ -4,7 +4,7 @@ node's egress policy with the sandbox's own `network` option in front) applied."
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..control.store import SandboxRecord
@@ -20,6 +20,9 @@ from ..net.netns import (
 from ..net.policy import egress_policy
 from ..net.rules import EgressRules, egress_of
 from .cleanup import CleanupStack
+
+if TYPE_CHECKING:
+    from .volumeexports import VolumeExports
 
 
 def egress_rules(record: SandboxRecord) -> EgressRules:
@@ -39,6 +42,8 @@ class SandboxNetworks:
         # Built here so a bad `net.allowed_ranges` stops the server at start; the node adds
         # its egress proxy's ports before any namespace is made.
         self.egress = egress_policy(cfg.net)
+        # The node's NFS exports, once the node has its volumes (`runtime/node.py`).
+        self.exports: VolumeExports | None = None
 
     def plan_for_slot(self, slot: int, sandbox_id: str = "-") -> NetworkPlan:
         net = self.cfg.net
@@ -59,15 +64,31 @@ class SandboxNetworks:
 
     async def make(self, record: SandboxRecord, cleanup: CleanupStack) -> None:
         plan = self.plan(record)
-        await create_network(plan, egress_rules(record), self.egress)
+        await self._create(record)
         cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
 
     async def apply(self, record: SandboxRecord) -> None:
         """Today's rules for a sandbox whose namespace is here (none: nothing to do)."""
         if self.exists(record):
-            await apply_policy(self.plan(record), egress_rules(record), self.egress)
+            await apply_policy(
+                self.plan(record), egress_rules(record), self.egress,
+                mounts_volumes=bool(record.volume_mounts),
+            )  # fmt: skip
+            await self._export(record)
 
     async def ensure(self, record: SandboxRecord) -> None:
         """The namespace of a sandbox that was paused on another node is made here."""
         if not self.exists(record):
-            await create_network(self.plan(record), egress_rules(record), self.egress)
+            await self._create(record)
+
+    async def _create(self, record: SandboxRecord) -> None:
+        await create_network(
+            self.plan(record), egress_rules(record), self.egress,
+            mounts_volumes=bool(record.volume_mounts),
+        )  # fmt: skip
+        await self._export(record)
+
+    async def _export(self, record: SandboxRecord) -> None:
+        """Its volumes are exported to it before its guest can mount them."""
+        if record.volume_mounts and self.exports is not None:
+            await self.exports.publish()

@@ -14,10 +14,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..control.schema import volumes
-from ..errors import Conflict, InvalidInput, NotFound
+from ..errors import Conflict, InvalidInput, NotFound, Unavailable
 
 # E2B's pattern for a volume's name, with a length bound of ours.
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+# NFS export ids are 16 bits; 0 is the NFSv4 pseudo root's.
+_EXPORT_IDS = range(1, 65536)
+_EXPORT_ID_TRIES = 5
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class VolumeRecord:
     name: str
     token: str
     created_at: float
+    export_id: int
 
 
 def _record(row: sa.Row[Any]) -> VolumeRecord:
@@ -43,13 +47,30 @@ class VolumeRegistry:
             raise InvalidInput(
                 f"volume name {name!r}: 1 to 128 letters, digits, '_' or '-' are allowed"
             )
-        record = VolumeRecord(str(uuid.uuid4()), name, secrets.token_urlsafe(32), time.time())
-        try:
-            async with self.engine.begin() as connection:
-                await connection.execute(sa.insert(volumes).values(**record.__dict__))
-        except IntegrityError:
-            raise Conflict(f"a volume named '{name}' already exists") from None
-        return record
+        for _ in range(_EXPORT_ID_TRIES):
+            try:
+                async with self.engine.begin() as connection:
+                    taken = set(
+                        (await connection.execute(sa.select(volumes.c.export_id))).scalars()
+                    )
+                    export_id = next((i for i in _EXPORT_IDS if i not in taken), None)
+                    if export_id is None:
+                        raise Unavailable(f"at most {len(_EXPORT_IDS)} volumes can exist")
+                    record = VolumeRecord(
+                        str(uuid.uuid4()), name, secrets.token_urlsafe(32), time.time(), export_id
+                    )
+                    await connection.execute(sa.insert(volumes).values(**record.__dict__))
+                return record
+            except IntegrityError:
+                if await self._named(name):
+                    raise Conflict(f"a volume named '{name}' already exists") from None
+                # Another create took the same export id first: pick again.
+        raise Unavailable("could not allocate an export id for the volume; try again")
+
+    async def _named(self, name: str) -> bool:
+        async with self.engine.connect() as connection:
+            query = sa.select(volumes.c.volume_id).where(volumes.c.name == name)
+            return (await connection.execute(query)).first() is not None
 
     async def list(self) -> list[VolumeRecord]:
         async with self.engine.connect() as connection:

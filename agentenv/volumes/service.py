@@ -11,6 +11,8 @@ from ..errors import Unauthorized
 from .content import VolumeFiles
 from .registry import VolumeRecord, VolumeRegistry
 
+VOLUME_ROOT_MODE = 0o777
+
 
 class Volumes:
     """Create, find and delete volumes; open one's files for its token's holder."""
@@ -34,20 +36,31 @@ class Volumes:
             if entry.name not in known and entry != self._spool:
                 shutil.rmtree(entry, ignore_errors=True)
         for volume_id in known:
-            (self._root / volume_id).mkdir(exist_ok=True)
+            if not (self._root / volume_id).exists():
+                self._make_directory(self._root / volume_id)
 
     async def create(self, name: str) -> VolumeRecord:
         record = await self.registry.create(name)
-        await asyncio.to_thread((self._root / record.volume_id).mkdir, parents=True)
+        await asyncio.to_thread(self._make_directory, self.directory(record))
         return record
+
+    @staticmethod
+    def _make_directory(directory: Path) -> None:
+        # Open to every user of a guest that mounts it, as a fresh disk's root is to root:
+        # the SDKs' default user writes there.
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(VOLUME_ROOT_MODE)
 
     async def delete(self, volume_id: str) -> None:
         """The record first: a volume half deleted is gone for clients, its files after."""
         record = await self.registry.delete(volume_id)
         await asyncio.to_thread(self.files(record).destroy)
 
+    def directory(self, record: VolumeRecord) -> Path:
+        return self._root / record.volume_id
+
     def files(self, record: VolumeRecord) -> VolumeFiles:
-        return VolumeFiles(self._root / record.volume_id, self._spool)
+        return VolumeFiles(self.directory(record), self._spool)
 
     async def open(self, volume_id: str, authorization: str) -> VolumeFiles:
         """The volume's files, for a request whose `Authorization: Bearer` is its token."""

@@ -204,7 +204,7 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
     cfg.sandbox.memory_mb = 256
     networks: set[str] = set()
 
-    async def create_network(plan: Any, rules: Any, egress: Any = None) -> None:
+    async def create_network(plan: Any, rules: Any, egress: Any = None, **_: Any) -> None:
         networks.add(plan.netns)
 
     async def destroy_network(netns: str, host_veth: str | None = None) -> None:

@@ -66,7 +66,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 0x2, 0x4, 0x1000, 0x4000
 
 
-def _mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "") -> None:
+def mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "") -> None:
     # mount(2) directly: a `mount` process per call costs ~0.2 s in an emulated guest.
     args = (source.encode(), target.encode(), fstype.encode(), flags, data.encode() or None)
     if _libc.mount(*args) != 0:
@@ -85,14 +85,14 @@ def attach_rootfs(root: str) -> None:
     if os.path.ismount(root):
         return
     device = find_disk(ROOTFS_LABEL)
-    _mount(device, root, "ext4")
+    mount(device, root, "ext4")
     for sub in ("proc", "sys", "dev", "run"):
         os.makedirs(os.path.join(root, sub), exist_ok=True)
-    _mount("proc", f"{root}/proc", "proc")
-    _mount("sysfs", f"{root}/sys", "sysfs")
+    mount("proc", f"{root}/proc", "proc")
+    mount("sysfs", f"{root}/sys", "sysfs")
     # The agent's /dev, so ptys the agent opens show up inside the user's view too.
-    _mount("/dev", f"{root}/dev", "", MS_BIND | MS_REC)
-    _mount("tmpfs", f"{root}/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    mount("/dev", f"{root}/dev", "", MS_BIND | MS_REC)
+    mount("tmpfs", f"{root}/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
     args = _kernel_args()
     hostname = args.get("hostname")
     if not hostname:

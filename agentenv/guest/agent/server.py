@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from . import eventlog, files, filesystem, init_secret, machine, process
+from . import eventlog, files, filesystem, init_secret, machine, process, volumes
 from .connect import ConnectError, error_response, json_response, log_error
 from .reclaim import PROBES, IdleReclaimer
 from .state import STATE_KEY, AgentState, app_key, get_state
@@ -73,6 +73,8 @@ async def init(request: web.Request) -> web.Response:
                 machine.set_clock(str(body["timestamp"]))
             if body.get("entropy"):
                 machine.seed_random(base64.b64decode(str(body["entropy"])))
+            mounts = [volumes.VolumeMount.parse(m) for m in body.get("volumeMounts") or []]
+            await asyncio.to_thread(volumes.mount_volumes, state.rootfs, mounts)
         except (OSError, ValueError) as err:
             log_error(request, err)
             return json_response({"code": 500, "message": f"init: {err}"}, status=500)
