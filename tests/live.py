@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import signal
@@ -20,6 +21,7 @@ from agentenv.guest.kit import load_kit
 from agentenv.runtime.bootsnap import complete_snapshots
 from agentenv.storage.blockd import BlockdClient
 from agentenv.vmm.qemu import qemu_version_name, run_dir_for
+from agentenv.volumes.nfs import NfsServer
 
 from .netlab import remove_host_chains
 
@@ -107,8 +109,11 @@ class LiveServer:
                 for sandbox in api.get("/v2/sandboxes").json():
                     api.delete(f"/sandboxes/{sandbox['sandboxID']}")
         self.stop()
-        # The block daemon outlives the server by design; the test's home goes, so must it.
-        BlockdClient(load_config(env=self.env)).stop()
+        # The block daemon and the NFS server outlive a killed server by design; the
+        # test's home goes, so must they.
+        cfg = load_config(env=self.env)
+        BlockdClient(cfg).stop()
+        asyncio.run(NfsServer(cfg).stop())
         remove_host_chains(self.prefix, self.network[1])
 
     @property

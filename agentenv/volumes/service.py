@@ -30,8 +30,12 @@ class Volumes:
         await asyncio.to_thread(self._sweep, known)
 
     def _sweep(self, known: set[str]) -> None:
+        # The node's alone: guests' files in there may be setuid or devices, and no host
+        # user but root may reach them.
+        self._root.mkdir(parents=True, exist_ok=True)
+        self._root.chmod(0o700)
         shutil.rmtree(self._spool, ignore_errors=True)
-        self._spool.mkdir(parents=True)
+        self._spool.mkdir()
         for entry in self._root.iterdir():
             if entry.name not in known and entry != self._spool:
                 shutil.rmtree(entry, ignore_errors=True)

@@ -5,6 +5,7 @@ mount them."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import httpx
@@ -13,6 +14,7 @@ from e2b import Sandbox, Volume
 from e2b.exceptions import VolumePathNotFoundException
 
 from ..live import LiveServer
+from .test_sandbox_lifecycle import run
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
 
@@ -95,6 +97,14 @@ def test_a_volume_mounted_into_sandboxes(server: LiveServer) -> None:
             with pytest.raises(VolumePathNotFoundException):
                 volume.read_file(path)
 
+        # A fork's guest keeps the mount, from an address of its own.
+        child = sbx.fork(count=1, timeout=120)[0]
+        assert isinstance(child, Sandbox), child
+        sandboxes.append(child)
+        assert child.get_info().volume_mounts == [{"name": volume.name, "path": "/mnt/data"}]
+        child.files.write("/mnt/data/from-fork.txt", "the fork's")
+        assert volume.read_file("/from-fork.txt", format="bytes") == b"the fork's"
+
         # Paused and resumed, the guest's mount carries on.
         sbx.pause()
         sbx = Sandbox.connect(sbx.sandbox_id)
@@ -126,3 +136,40 @@ def test_a_volume_mounted_into_sandboxes(server: LiveServer) -> None:
             sandbox.kill()
         Volume.destroy(volume.volume_id)
         Volume.destroy(other.volume_id)
+
+
+def test_a_mount_outlives_a_crash_of_the_server(fresh_server: LiveServer) -> None:
+    """SIGKILL leaves the guest's mount and the NFS server; the restarted node replaces
+    the server and the guest's writes go on."""
+    fresh_server.start()
+    with fresh_server.client() as api:
+        volume = api.post("/volumes", json={"name": "crash"}).json()
+        made = api.post(
+            "/sandboxes",
+            json={"templateID": "base", "volumeMounts": [{"name": "crash", "path": "/data"}]},
+        )
+        assert made.status_code == 201, made.text
+        sandbox = made.json()
+    try:
+        assert run(fresh_server, sandbox, "echo before > /data/f && cat /data/f")[0] == "before\n"
+        assert fresh_server.proc is not None
+        fresh_server.proc.kill()
+        fresh_server.proc.wait()
+        fresh_server.proc = None
+        fresh_server.start()
+        out, _, code = run(fresh_server, sandbox, "echo after >> /data/f && cat /data/f")
+        assert (out, code) == ("before\nafter\n", 0)
+        # One NFS server: the crashed node's was replaced, not joined.
+        servers = subprocess.run(
+            ["ip", "netns", "pids", f"{fresh_server.prefix}nfs"], capture_output=True, text=True
+        ).stdout.split()
+        assert len(servers) == 2  # ganesha and its rpcbind
+        headers = {"Authorization": f"Bearer {volume['token']}"}
+        with fresh_server.client() as api:
+            content = api.get(
+                f"/volumecontent/{volume['volumeID']}/file", params={"path": "/f"}, headers=headers
+            )
+        assert content.text == "before\nafter\n"
+    finally:
+        with fresh_server.client() as api:
+            api.delete(f"/sandboxes/{sandbox['sandboxID']}")

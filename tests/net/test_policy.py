@@ -231,3 +231,33 @@ def test_domain_rules_send_http_and_tls_to_the_egress_proxy() -> None:
     assert chains["AENVP-INPUT"].rules[1] == (
         "-i", "aenvp+", "-p", "tcp", "-m", "multiport", "--dports", "40080,40443", "-j", "ACCEPT"
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("allow_internet", [True, False])
+def test_a_sandbox_that_mounts_volumes_reaches_the_nfs_server_and_nothing_more(
+    allow_internet: bool,
+) -> None:
+    egress = EgressPolicy(nfs_server=IPv4Address("10.198.255.254"))
+    closed = EgressRules(internet=allow_internet)
+    rules = policy.namespace_rules(PLAN, closed, egress, mounts_volumes=True)
+    assert (
+        "-A PREROUTING -i tap0 -d 169.254.0.22 -p tcp -m multiport --dports 2049,20048"
+        " -j DNAT --to-destination 10.198.255.254"
+    ) in rules
+    forward = _forward(rules)
+    # Right after the replies: even a sandbox without internet reaches its volumes.
+    assert forward[2] == (
+        "-A FORWARD -i tap0 -p tcp -d 10.198.255.254 -m multiport --dports 2049,20048"
+        " -m conntrack --ctstate DNAT --ctorigdst 169.254.0.22 -j ACCEPT"
+    )
+    assert_restorable(rules)
+    # A sandbox that mounts nothing has no way there: the host range stays refused.
+    plain = policy.namespace_rules(PLAN, closed, egress)
+    assert "2049" not in plain
+
+
+def test_the_nfs_server_answers_sandboxes_only() -> None:
+    forward = {c.name: c for c in host_chains("aenvp", "10.198.0.0/16")}["AENVP-FORWARD"].rules
+    # After a sandbox's own traffic is accepted, anything else towards it is dropped.
+    accept = forward.index(("-i", "aenvp+", "-j", "ACCEPT"))
+    assert forward[accept + 1] == ("-o", "nfsaenvp", "-j", "DROP")

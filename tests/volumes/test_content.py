@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -88,3 +89,32 @@ def test_nothing_outside_the_volume_is_reached(tmp_path: Path) -> None:
     assert files.stat("/escape")["type"] == "symlink"
     with pytest.raises(NotFound):
         list(files.read_file("/escape/secret.txt"))
+
+
+def test_what_a_guest_makes_in_a_mounted_volume_keeps_requests_inside(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("host file")
+    files = volume_files(tmp_path)
+    vol = tmp_path / "vol"
+    # A directory swapped for a symlink out of the volume: resolved inside it instead.
+    os.symlink(str(outside), vol / "dir")
+    with pytest.raises(NotFound):
+        list(files.read_file("/dir/secret.txt"))
+    with pytest.raises(NotFound):
+        write(files, "/dir/secret.txt", b"overwritten")
+    with pytest.raises(NotFound):
+        files.update("/dir/secret.txt", uid=1234, gid=None, mode=0o777)
+    assert (outside / "secret.txt").read_text() == "host file"
+    assert oct((outside / "secret.txt").stat().st_mode & 0o777) != oct(0o777)
+    # A FIFO (opening one blocks) and a device node (opening one acts on the node) are
+    # listed but never opened.
+    os.mkfifo(vol / "fifo")
+    os.mknod(vol / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    assert {e["name"]: e["type"] for e in files.list_dir("/")}["fifo"] == "unknown"
+    for path in ("/fifo", "/null"):
+        with pytest.raises(NotFound):
+            list(files.read_file(path))
+    # Removing a symlinked directory removes the link, never what it points at.
+    files.remove("/dir")
+    assert (outside / "secret.txt").exists()

@@ -55,6 +55,9 @@ async def test_the_sweep_removes_what_a_crash_left(tmp_path: Path) -> None:
         assert left == sorted([".spool", kept.volume_id, orphan.volume_id])
         assert list((tmp_path / "volumes" / ".spool").iterdir()) == []
         assert (tmp_path / "volumes" / kept.volume_id / "file").read_text() == "mine"
+        # Only root reaches the volumes; each volume's own root is open to guests' users.
+        assert (tmp_path / "volumes").stat().st_mode & 0o777 == 0o700
+        assert (tmp_path / "volumes" / orphan.volume_id).stat().st_mode & 0o777 == 0o777
         files = await volumes.open(orphan.volume_id, f"Bearer {orphan.token}")
         assert files.list_dir("/") == []
     finally:
