@@ -10,6 +10,7 @@ nodes' host firewall chains and block daemons, and leaves only `DIR` (logs, data
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -28,6 +29,7 @@ import httpx
 from ..config import Config, load_config
 from ..net.netns import list_namespaces
 from ..storage.blockd import BlockdClient
+from ..volumes.nfs import NfsServer
 from .network import ClusterNetwork
 from .postgres import LocalPostgres, free_port
 
@@ -205,6 +207,8 @@ class LocalCluster:
             "AENV_STORAGE_S3_SECRET_KEY": S3_KEYS["secret_key"],
             "AENV_PATHS_KIT_DIR": str(self.base.kit_dir),
             "AENV_PATHS_IMAGES_DIR": str(self.base.images_dir),
+            # The file system every node shares for volumes, as a real cluster mounts one.
+            "AENV_PATHS_VOLUMES_DIR": str(self.directory / "volumes"),
             **self.env,
         }
 
@@ -325,7 +329,9 @@ class LocalCluster:
         for netns in list_namespaces(prefix):
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
         env = {"AENV_HOME": member.home, "AENV_NET_NAME_PREFIX": prefix}
-        BlockdClient(load_config(env=env)).stop()
+        cfg = load_config(env=env)
+        BlockdClient(cfg).stop()
+        asyncio.run(NfsServer(cfg).stop())
 
 
 def _vmms_under(home: str) -> list[int]:

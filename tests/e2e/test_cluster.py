@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from e2b import Sandbox, Template
+from e2b import Sandbox, Template, Volume
 
 from agentenv.cluster.local import ClusterState, LocalCluster
 from agentenv.cluster.postgres import free_port
@@ -55,9 +55,22 @@ class Cluster:
         return next(m.pid for m in self.state.members if m.name == name)
 
 
+def _show_logs(request: pytest.FixtureRequest, state: ClusterState) -> None:
+    """The members' log tails, straight to the terminal: the directory goes next."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        for member in state.members:
+            try:
+                lines = Path(member.log).read_text(errors="replace").splitlines()[-40:]
+            except OSError:
+                continue
+            print(f"\n--- {member.name} ({member.log}) ---", *lines, sep="\n")
+
+
 @pytest.fixture(scope="module")
-def cluster(kit_ready: None) -> Iterator[Cluster]:
+def cluster(kit_ready: None, request: pytest.FixtureRequest) -> Iterator[Cluster]:
     directory = Path(tempfile.mkdtemp(prefix="aenv-cluster-", dir="/tmp"))
+    failed_before = request.session.testsfailed
     local = LocalCluster(
         directory,
         env={
@@ -72,6 +85,8 @@ def cluster(kit_ready: None) -> Iterator[Cluster]:
     try:
         yield Cluster(local, state)
     finally:
+        if request.session.testsfailed > failed_before:
+            _show_logs(request, state)
         local.down()
         for name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
             os.environ.pop(name, None)
@@ -127,6 +142,32 @@ def test_a_template_with_copy_steps_builds_through_the_control_url(
     assert urlsplit(files["url"]).netloc == control
     refused = httpx.put(files["url"].replace("signature=", "signature=0"), content=b"x")
     assert refused.status_code == 403
+
+
+def test_a_volume_is_mounted_on_any_node(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Volumes' files are on the file system the nodes share; each node serves the
+    volumes its own sandboxes mount."""
+    monkeypatch.setenv("E2B_VOLUME_API_URL", cluster.url)
+    volume = Volume.create(f"shared-{time.time_ns()}")
+    sandboxes: list[Sandbox] = []
+    try:
+        volume.write_file("/seed.txt", b"seeded")
+        for _ in range(2):
+            sandboxes.append(Sandbox.create(volume_mounts={"/mnt/shared": volume}))
+        nodes = [cluster.node_of(s.sandbox_id) for s in sandboxes]
+        assert len(set(nodes)) == 2, nodes  # placement spread them
+        for sandbox, node in zip(sandboxes, nodes, strict=True):
+            assert sandbox.commands.run("cat /mnt/shared/seed.txt").stdout == "seeded"
+            sandbox.files.write(f"/mnt/shared/{node}.txt", node)
+        assert sorted(e.name for e in volume.list("/")) == sorted(
+            ["seed.txt", *(f"{node}.txt" for node in nodes)]
+        )
+        # What one node's guest wrote, the other's reads.
+        assert sandboxes[1].commands.run(f"cat /mnt/shared/{nodes[0]}.txt").stdout == nodes[0]
+    finally:
+        for sandbox in sandboxes:
+            sandbox.kill()
+        Volume.destroy(volume.volume_id)
 
 
 def test_traffic_through_the_control_url_wakes_a_paused_sandbox(cluster: Cluster) -> None:
