@@ -105,7 +105,8 @@ async def _all(
     built = await asyncio.to_thread(_built, snapshots.registry)
     return (
         [_base_json(cfg)]
-        + [template_json(r, cfg) for r in records]
+        # `base` published for a cluster's nodes is a record too; it is listed once.
+        + [template_json(r, cfg) for r in records if r.template_id != BASE]
         + [built_template_json(b, cfg) for b in built]
     )
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import Config
 from ..errors import NotFound, Unavailable
 from ..storage.blockd import BlockdClient, BlockdError
-from .base import load_base_template
+from ..storage.filelayer import store_file
+from ..storage.gc import write_lease
+from .base import base_version, load_base_template
 from .templates import TemplateRecord, TemplateRegistry
 
 BASE = "base"
+BASE_SOURCE = "debian:bookworm (built in)"
+_BUILD_BASE = "run `aenv kit build` (or `make run`) on a node"
 # E2B's base image, as the SDKs' `from_base_image()` and Dockerfiles name it: `base` here.
 E2B_BASE_IMAGES = frozenset(
     {"e2bdev/base", "e2bdev/base:latest", "docker.io/e2bdev/base", "docker.io/e2bdev/base:latest"}
@@ -37,7 +42,8 @@ class Template:
 
 
 class TemplateCatalog:
-    """The built-in `base` (a local ext4 file) and pulled templates (block layer stacks).
+    """The built-in `base` (a local ext4 file, or block layers on a cluster's nodes) and
+    pulled templates (block layer stacks).
 
     A pulled template's disk is the block daemon's file for its layer stack, named by the
     top layer, so every sandbox of one image shares one file and one page cache.
@@ -47,15 +53,45 @@ class TemplateCatalog:
         self._cfg = cfg
         self.templates = templates
         self._blockd = blockd
+        self._publishing = threading.Lock()
 
     def resolve(self, name: str) -> Template:
         """Blocking (it may mount a stack); raises NotFound for unknown templates."""
         if name == BASE:
+            if self._cfg.server.role == "node":
+                return self.open(self.shared_base())
             base = load_base_template(self._cfg)
             if base is None:
-                raise NotFound("template 'base' is not built yet: run `aenv kit build`")
+                raise NotFound(f"template 'base' is not built yet: {_BUILD_BASE}")
             return Template(BASE, BASE, base.rootfs, "raw")
         return self.open(self.templates.get(name))
+
+    def shared_base(self) -> TemplateRecord:
+        """Blocking: `base` as block layers in the object store, which a cluster's nodes
+        share, so a sandbox paused on one node resumes on another over the same disk. The
+        first node with this version of `base` built publishes it (once: a layer of the
+        same content is not written again)."""
+        version = base_version(self._cfg)
+        published = self.templates.find(BASE)
+        if published is not None and published.digest == f"base:{version}":
+            return published
+        with self._publishing, write_lease(self.templates.store):
+            published = self.templates.find(BASE)
+            if published is not None and published.digest == f"base:{version}":
+                return published
+            local = load_base_template(self._cfg)
+            if local is None:
+                raise NotFound(f"template 'base' {version} is not published yet: {_BUILD_BASE}")
+            layer_id, _ = store_file(self.templates.store, local.rootfs, None)
+            record = TemplateRecord(
+                template_id=BASE,
+                source=BASE_SOURCE,
+                digest=f"base:{version}",
+                layers=[layer_id],
+                size=local.rootfs.stat().st_size,
+            )
+            self.templates.save(record)
+            return record
 
     def open(self, record: TemplateRecord) -> Template:
         name = record.layers[-1]

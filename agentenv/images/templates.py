@@ -61,16 +61,16 @@ class TemplateRegistry:
     """Template records by name; blocking, like the object store under it."""
 
     def __init__(self, store: ObjectStore) -> None:
-        self._store = store
+        self.store = store
 
     def save(self, record: TemplateRecord) -> None:
-        self._store.put(_key(validate_name(record.template_id)), record.to_json())
+        self.store.put(_key(validate_name(record.template_id)), record.to_json())
 
     def get(self, template_id: str) -> TemplateRecord:
         if not valid_name(template_id):  # no template can have it; never a store key
             raise NotFound(f"template {template_id!r} not found")
         try:
-            return TemplateRecord.from_json(self._store.get(_key(template_id)))
+            return TemplateRecord.from_json(self.store.get(_key(template_id)))
         except ObjectNotFound:
             raise NotFound(f"template '{template_id}' not found") from None
 
@@ -81,10 +81,10 @@ class TemplateRegistry:
             return None
 
     def list(self) -> list[TemplateRecord]:
-        keys = self._store.list("templates/")
-        return [TemplateRecord.from_json(self._store.get(k)) for k in keys if k.endswith(".json")]
+        keys = self.store.list("templates/")
+        return [TemplateRecord.from_json(self.store.get(k)) for k in keys if k.endswith(".json")]
 
     def delete(self, template_id: str) -> None:
         """Forget the template; its layers stay, shared with other templates."""
         self.get(template_id)
-        self._store.delete(_key(template_id))
+        self.store.delete(_key(template_id))

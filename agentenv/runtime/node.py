@@ -17,7 +17,7 @@ from pathlib import Path
 from ..config import Config
 from ..control.nodes import NodeRegistry
 from ..control.store import SandboxRecord, SqlSandboxStore
-from ..errors import Unavailable
+from ..errors import NotFound, Unavailable
 from ..guest.kit import load_kit
 from ..images.builder import TemplateBuilds
 from ..images.buildfiles import BuildFiles
@@ -201,6 +201,12 @@ class Node:
             volumes, pool,
         )  # fmt: skip
         await node.volumes.sweep()
+        if cfg.server.role == "node":
+            # Before the node takes work: a cluster's sandboxes start from the shared base.
+            try:
+                await asyncio.to_thread(catalog.shared_base)
+            except NotFound as exc:
+                log.warning("%s", exc)
         tasks = [
             run_sweeper(node.pauses),
             collector.run_every(cfg.storage),

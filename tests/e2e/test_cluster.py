@@ -16,13 +16,15 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+import boto3
 import httpx
 import pytest
 from e2b import Sandbox, Template, Volume
 
-from agentenv.cluster.local import ClusterState, LocalCluster
+from agentenv.cluster.local import BUCKET, S3_KEYS, ClusterState, LocalCluster
 from agentenv.cluster.postgres import free_port
 from agentenv.net.netns import link_exists
 
@@ -50,6 +52,15 @@ class Cluster:
 
     def nodes(self) -> dict[str, dict]:
         return {n["name"]: n for n in self.api.get("/nodes").json()}
+
+    def s3(self) -> Any:
+        return boto3.client(
+            "s3",
+            endpoint_url=self.state.s3_endpoint,
+            aws_access_key_id=S3_KEYS["access_key"],
+            aws_secret_access_key=S3_KEYS["secret_key"],
+            region_name="us-east-1",
+        )
 
     def pid(self, name: str) -> int:
         return next(m.pid for m in self.state.members if m.name == name)
@@ -100,6 +111,13 @@ def test_the_sdk_works_through_the_control_url(cluster: Cluster) -> None:
         sandbox.files.write("/tmp/f", "content")
         node = cluster.node_of(sandbox.sandbox_id)
         assert node in cluster.nodes()
+        # Its disk is the cluster's one `base`, published to S3 and served by its node's
+        # block daemon (listed once among the templates).
+        stored = cluster.s3().get_object(Bucket=BUCKET, Key="templates/base.json")
+        top = json.loads(stored["Body"].read())["layers"][-1]
+        assert wait_for(lambda: top in cluster.nodes()[node]["capacity"]["layers"], 10)
+        listed_templates = [t["templateID"] for t in cluster.api.get("/templates").json()]
+        assert listed_templates.count("base") == 1
         listed = [s for s in Sandbox.list().next_items() if s.sandbox_id == sandbox.sandbox_id]
         assert listed and listed[0].state.value == "running"
         # A request id given to the control plane reaches the node and comes back.
