@@ -23,6 +23,14 @@ E2B_BASE_IMAGES = frozenset(
 )
 
 
+def base_in_store(cfg: Config) -> bool:
+    """Whether `base` is served from the object store: when that store outlives this
+    machine or is shared with other nodes, so a sandbox stored there finds the very disk
+    it was made on. A single server on a local store keeps its own file (a copy of it in
+    the store would gain nothing)."""
+    return cfg.server.role == "node" or cfg.storage.backend == "s3"
+
+
 @dataclass(frozen=True)
 class Template:
     """A resolved template: its read-only disk and the image config the sandbox honours."""
@@ -58,7 +66,7 @@ class TemplateCatalog:
     def resolve(self, name: str) -> Template:
         """Blocking (it may mount a stack); raises NotFound for unknown templates."""
         if name == BASE:
-            if self._cfg.server.role == "node":
+            if base_in_store(self._cfg):
                 return self.open(self.shared_base())
             base = load_base_template(self._cfg)
             if base is None:

@@ -21,7 +21,7 @@ from ..errors import NotFound, Unavailable
 from ..guest.kit import load_kit
 from ..images.builder import TemplateBuilds
 from ..images.buildfiles import BuildFiles
-from ..images.catalog import TemplateCatalog
+from ..images.catalog import TemplateCatalog, base_in_store
 from ..images.pull import ImagePuller
 from ..images.registry import RegistryClient
 from ..images.snapshots import SnapshotRegistry
@@ -201,8 +201,8 @@ class Node:
             volumes, pool,
         )  # fmt: skip
         await node.volumes.sweep()
-        if cfg.server.role == "node":
-            # Before the node takes work: a cluster's sandboxes start from the shared base.
+        if base_in_store(cfg):
+            # Before the node takes work: its sandboxes start from the stored base.
             try:
                 await asyncio.to_thread(catalog.shared_base)
             except NotFound as exc:
