@@ -26,6 +26,10 @@ class NetworkEgress(_Request):
 
     allowOut: list[str] | None = Field(default=None, max_length=MAX_RULES)
     denyOut: list[str] | None = Field(default=None, max_length=MAX_RULES)
+    # In E2B's spec, not served here: taken only to be refused by name
+    # (`docs/e2b-compatibility.md`).
+    rules: dict[str, Any] | None = Field(default=None, max_length=MAX_ENTRIES)
+    egressProxy: dict[str, Any] | None = Field(default=None, max_length=MAX_ENTRIES)
 
 
 class NetworkUpdate(NetworkEgress):

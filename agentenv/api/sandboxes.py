@@ -72,6 +72,17 @@ def network_option(
 ) -> dict[str, Any]:
     """The `network` option as stored: what was given, its egress rules checked."""
     given = network.model_dump(exclude_none=True) if network is not None else {}
+    if given.get("rules"):
+        raise InvalidInput(
+            "network.rules: per-domain transform rules (injected headers) are not available"
+            " on this server"
+        )
+    if given.get("egressProxy"):
+        raise InvalidInput(
+            "network.egressProxy: a SOCKS5 egress proxy is not available on this server"
+        )
+    given.pop("rules", None)
+    given.pop("egressProxy", None)
     given.pop("allow_internet_access", None)  # an update's; stored as allow_internet
     parse_egress(given.get("allowOut", []), given.get("denyOut", []), internet)
     return given

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from agentenv.api.limits import MAX_ENTRIES, MAX_KEY_BYTES, MAX_VALUE_BYTES
 from agentenv.api.models import NewSandbox
 from agentenv.api.pagination import decode_cursor
+from agentenv.api.sandboxes import network_option
 from agentenv.errors import InvalidInput
 
 
@@ -70,3 +71,19 @@ def test_a_cursor_of_ours_reads_back() -> None:
     token = base64.urlsafe_b64encode(b"2026-01-01T00:00:00+00:00|iabc").decode()
     when, sandbox_id = decode_cursor(token)
     assert (when.year, when.tzinfo is not None, sandbox_id) == (2026, True, "iabc")
+
+
+@pytest.mark.parametrize(
+    ("network", "text"),
+    [
+        ({"rules": {"api.example.test": [{"transform": {"headers": {"X": "y"}}}]}}, "rules"),
+        ({"egressProxy": {"address": "proxy.example.test:1080"}}, "egressProxy"),
+    ],
+)
+def test_network_features_not_served_are_refused_by_name(network: dict, text: str) -> None:
+    body = NewSandbox(templateID="base", network=network)
+    with pytest.raises(InvalidInput, match=f"network.{text}: .* not available"):
+        network_option(body.network, True)
+    # Empty, as an SDK may send them, they ask for nothing.
+    empty = NewSandbox(templateID="base", network={"rules": {}, "egressProxy": None})
+    assert network_option(empty.network, True) == {"allowPublicTraffic": True}
