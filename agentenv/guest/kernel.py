@@ -22,18 +22,23 @@ WANTED_MODULES = (
     "virtio_rng",
     "qemu_fw_cfg",
 )
-# Loaded by the agent only when a sandbox mounts a volume (NFSv3 from the node), so guests
-# without volumes do not pay for them at boot; they live on the runtime disk.
-NFS_MODULES = ("nfsv3",)
+# Sets of modules the agent loads only when a guest needs them, so no guest pays for them
+# at boot; they live on the runtime disk. `nfs`: a sandbox mounts a volume (NFSv3 from the
+# node); `zram`: an idle guest compresses its cold memory (`guest/agent/coldmemory.py`).
+ON_DEMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "nfs": ("nfsv3",),
+    "zram": ("zram", "lzo_rle"),
+}
 
 
 @dataclass(frozen=True)
 class KernelFiles:
-    """An unpacked kernel: vmlinuz, boot and NFS modules in load order, and the release."""
+    """An unpacked kernel: vmlinuz, boot modules and each on-demand set in load order,
+    and the release."""
 
     vmlinuz: Path
     modules: list[Path]
-    nfs_modules: list[Path]
+    on_demand: dict[str, list[Path]]
     release: str
     package: str
 
@@ -150,14 +155,16 @@ def fetch_kernel(cfg: Config, work: Path, dest: Path, progress: Progress) -> Ker
         moddir = tree / "lib/modules" / release
         modules_dep = (moddir / "modules.dep").read_text()
         order = module_load_order(WANTED_MODULES, modules_dep)
-        nfs_order = [p for p in module_load_order(NFS_MODULES, modules_dep) if p not in order]
         dest.mkdir(parents=True, exist_ok=True)
-        (dest / "nfs").mkdir(exist_ok=True)
         shutil.copyfile(vmlinuz, dest / "vmlinuz")
         modules = [_unpacked(moddir, rel, dest) for rel in order]
-        nfs_modules = [_unpacked(moddir, rel, dest / "nfs") for rel in nfs_order]
+        on_demand = {}
+        for name, wanted in ON_DEMAND_MODULES.items():
+            (dest / name).mkdir(exist_ok=True)
+            extra = [p for p in module_load_order(wanted, modules_dep) if p not in order]
+            on_demand[name] = [_unpacked(moddir, rel, dest / name) for rel in extra]
     progress(f"kernel {release}: modules {' '.join(m.stem for m in modules)}")
-    return KernelFiles(dest / "vmlinuz", modules, nfs_modules, release, package)
+    return KernelFiles(dest / "vmlinuz", modules, on_demand, release, package)
 
 
 def _unpacked(moddir: Path, rel: str, dest: Path) -> Path:

@@ -30,7 +30,7 @@ from agentenv.guest.buildutil import (
 from agentenv.guest.debootstrap import clean_tree, debootstrap
 from agentenv.guest.ext4 import pack_ext4
 from agentenv.guest.initramfs import INIT_SCRIPT, build_initramfs
-from agentenv.guest.kernel import NFS_MODULES, WANTED_MODULES, fetch_kernel
+from agentenv.guest.kernel import ON_DEMAND_MODULES, WANTED_MODULES, fetch_kernel
 
 __all__ = [
     "Kit",
@@ -49,7 +49,7 @@ AGENT_PORT = 49983
 RUNTIME_LABEL = "aenv-runtime"
 ROOTFS_LABEL = "aenv-rootfs"
 RUNTIME_PACKAGES = ("python3", "python3-aiohttp")
-# On the runtime disk; the agent's `volumes` module reads it.
+# On the runtime disk; the agent's `kmod` module reads it.
 AGENT_MODULES_DIR = "opt/aenv/modules"
 RUNTIME_MOUNTPOINTS = ("rootfs", "proc", "sys", "dev", "tmp", "run")
 KERNEL_NAME, INITRD_NAME, RUNTIME_NAME = "vmlinuz", "initrd.img", "runtime.ext4"
@@ -73,7 +73,7 @@ def kit_inputs(cfg: Config) -> dict[str, object]:
         "suite": cfg.kit.suite,
         "kernel_package": cfg.kit.kernel_package,
         "modules": list(WANTED_MODULES),
-        "nfs_modules": list(NFS_MODULES),
+        "on_demand_modules": {k: list(v) for k, v in ON_DEMAND_MODULES.items()},
         "runtime_packages": list(RUNTIME_PACKAGES),
     }
 
@@ -187,7 +187,7 @@ def _build_into(
 ) -> dict[str, object]:
     inputs = kit_inputs(cfg)
     kernel_key = _key(
-        inputs, "format", "mirror", "suite", "kernel_package", "modules", "nfs_modules"
+        inputs, "format", "mirror", "suite", "kernel_package", "modules", "on_demand_modules"
     )
     kdir = _cached_stage(cfg, "kernel", kernel_key, force, progress, _kernel_stage(cfg, progress))
     info = json.loads((kdir / "kernel.json").read_text())
@@ -201,7 +201,8 @@ def _build_into(
     with step(progress, "installing agent into runtime tree"):
         run("copy runtime tree", ["cp", "-a", rdir / "tree", tree])
         install_agent(tree, agent)
-        install_modules(tree, [kdir / "nfs" / f"{name}.ko" for name in info["nfs_modules"]])
+        for name, stems in info["on_demand"].items():
+            install_modules(tree, name, [kdir / name / f"{stem}.ko" for stem in stems])
     size = pack_ext4(tree, out / RUNTIME_NAME, None, RUNTIME_LABEL, progress, journal=False)
     return {
         "kernel_release": info["release"],
@@ -258,7 +259,7 @@ def _kernel_stage(cfg: Config, progress: Progress) -> Callable[[Path], None]:
             "release": kernel.release,
             "package": kernel.package,
             "modules": [m.stem for m in kernel.modules],
-            "nfs_modules": [m.stem for m in kernel.nfs_modules],
+            "on_demand": {k: [m.stem for m in v] for k, v in kernel.on_demand.items()},
         }
         (dest / "kernel.json").write_text(json.dumps(info, indent=2) + "\n")
         if kernel.vmlinuz != dest / KERNEL_NAME:
@@ -303,9 +304,10 @@ def install_agent(tree: Path, agent_src: Path) -> None:
     )  # fmt: skip
 
 
-def install_modules(tree: Path, modules: list[Path]) -> None:
-    """Modules the agent loads on demand, in /opt/aenv/modules with their load order."""
-    dest = tree / AGENT_MODULES_DIR
+def install_modules(tree: Path, name: str, modules: list[Path]) -> None:
+    """A set of modules the agent loads on demand, in /opt/aenv/modules/<name> with their
+    load order (`guest/agent/kmod.py`)."""
+    dest = tree / AGENT_MODULES_DIR / name
     dest.mkdir(parents=True, exist_ok=True)
     for module in modules:
         shutil.copyfile(module, dest / module.name)

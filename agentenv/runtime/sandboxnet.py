@@ -63,9 +63,8 @@ class SandboxNetworks:
         return namespace_exists(self.plan(record).netns)
 
     async def make(self, record: SandboxRecord, cleanup: CleanupStack) -> None:
-        plan = self.plan(record)
-        await self._create(record)
-        cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
+        """Its namespace (undone by `cleanup`) and, if it mounts volumes, their exports."""
+        await self._create(record, cleanup)
 
     async def apply(self, record: SandboxRecord) -> None:
         """Today's rules for a sandbox whose namespace is here (none: nothing to do)."""
@@ -81,11 +80,13 @@ class SandboxNetworks:
         if not self.exists(record):
             await self._create(record)
 
-    async def _create(self, record: SandboxRecord) -> None:
+    async def _create(self, record: SandboxRecord, cleanup: CleanupStack | None = None) -> None:
+        plan = self.plan(record)
         await create_network(
-            self.plan(record), egress_rules(record), self.egress,
-            mounts_volumes=bool(record.volume_mounts),
-        )  # fmt: skip
+            plan, egress_rules(record), self.egress, mounts_volumes=bool(record.volume_mounts)
+        )
+        if cleanup is not None:
+            cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
         await self._export(record)
 
     async def _export(self, record: SandboxRecord) -> None:

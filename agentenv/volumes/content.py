@@ -66,6 +66,16 @@ class VolumeFiles:
         finally:
             os.close(fd)
 
+    @staticmethod
+    def _open(root: int, guest: str, flags: int) -> int:
+        """`guest` opened inside the volume; NotFound when it does not resolve there."""
+        try:
+            return open_in_root(root, guest, flags)
+        except OSError as exc:
+            if exc.errno in _MISSING:
+                raise NotFound(f"Path {guest} not found") from None
+            raise
+
     @contextlib.contextmanager
     def _at(self, guest: str) -> Iterator[tuple[int, str]]:
         """The directory holding `guest` (a descriptor) and its final name; NotFound
@@ -75,12 +85,7 @@ class VolumeFiles:
             if guest == "/":
                 yield root, "."
                 return
-            try:
-                fd = open_in_root(root, parent, os.O_PATH | os.O_DIRECTORY)
-            except OSError as exc:
-                if exc.errno in _MISSING:
-                    raise NotFound(f"Path {parent} not found") from None
-                raise
+            fd = self._open(root, parent, os.O_PATH | os.O_DIRECTORY)
             try:
                 yield fd, name
             finally:
@@ -126,12 +131,7 @@ class VolumeFiles:
             raise InvalidInput("depth must be at least 1")
         guest = self.normalize(path)
         with self._root_fd() as root:
-            try:
-                fd = open_in_root(root, guest, os.O_RDONLY | os.O_DIRECTORY)
-            except OSError as exc:
-                if exc.errno in _MISSING:
-                    raise NotFound(f"Path {guest} not found") from None
-                raise
+            fd = self._open(root, guest, os.O_RDONLY | os.O_DIRECTORY)
             try:
                 return list(self._walk(fd, guest, depth))
             finally:
@@ -229,12 +229,7 @@ class VolumeFiles:
         """The file's bytes in chunks (NotFound unless it is a regular file)."""
         guest = self.normalize(path)
         with self._root_fd() as root:
-            try:
-                found = open_in_root(root, guest, os.O_PATH)
-            except OSError as exc:
-                if exc.errno in _MISSING:
-                    raise NotFound(f"Path {guest} not found") from None
-                raise
+            found = self._open(root, guest, os.O_PATH)
             try:
                 # Checked before it is opened for reading: opening a device or a FIFO a
                 # guest made could act on the node.

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import Config
+from ..errors import Unavailable
 from ..net.netns import create_service_namespace, destroy_network, namespace_pids
 from ..net.plan import nfs_addresses
 from ..net.policy import MOUNT_PORT, NFS_PORT, NFS_PORTS, nfs_link_name
@@ -44,7 +45,7 @@ exec "$0" -F -f "$1" -L "$2" -p /run/ganesha.pid -N NIV_EVENT
 """
 
 
-class NfsError(RuntimeError):
+class NfsError(Unavailable):
     """The NFS server could not be started or given its exports."""
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agentenv.guest.agent.coldmemory import ColdMemory
 from agentenv.guest.agent.reclaim import IdleReclaimer
 
 
@@ -81,3 +82,26 @@ def test_zero_turns_it_off(tmp_path: Path) -> None:
     reclaimer = IdleReclaimer(idle_after=0, sample_every=0.02, proc=tmp_path)
     asyncio.run(_drive(proc, reclaimer, [False] * 6))
     assert reclaimer.reclaims == 0
+
+
+def test_cold_memory_goes_out_before_the_caches_are_dropped(tmp_path: Path) -> None:
+    proc = FakeProc(tmp_path)
+    order: list[str] = []
+
+    class Swap:
+        def push_out(self) -> None:
+            order.append("swap" if not proc.written()[0] else "after the caches")
+
+    reclaimer = IdleReclaimer(idle_after=0, proc=tmp_path, swap=Swap())
+    asyncio.run(reclaimer.reclaim())
+    assert order == ["swap"] and proc.written() == ("3\n", "1\n")
+
+
+def test_a_guest_without_compressed_swap_still_drops_its_caches(tmp_path: Path) -> None:
+    """A kit without the zram modules: the set-up fails once, is not tried again."""
+    proc = FakeProc(tmp_path)
+    cold = ColdMemory(proc=tmp_path, sys=tmp_path / "sys")
+    reclaimer = IdleReclaimer(idle_after=0, proc=tmp_path, swap=cold)
+    for _ in range(2):
+        asyncio.run(reclaimer.reclaim())
+    assert reclaimer.reclaims == 2 and proc.written() == ("3\n", "1\n")

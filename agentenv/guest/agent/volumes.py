@@ -7,21 +7,18 @@ needs no mount helper, portmapper or lock daemon.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import logging
 import os
 from dataclasses import dataclass
 
 from . import machine
+from .kmod import load_module_set
 from .rootfs import RootFS
 
 log = logging.getLogger(__name__)
 
-MODULES_DIR = "/opt/aenv/modules"
 NFS_PORT = 2049
 MOUNT_PORT = 20048
-_SYS_FINIT_MODULE = 313  # x86_64
 # As E2B's envd mounts: a hard mount that writes through and caches no attributes or
 # lookups, so what a paused guest held is not stale when it resumes and the volume's
 # content API sees every write. No NLM: locks are the guest's own.
@@ -50,22 +47,6 @@ class VolumeMount:
         return cls(server, export, path)
 
 
-def load_nfs_modules(directory: str = MODULES_DIR) -> None:
-    """Load the NFS client's modules from the runtime disk (once; loaded ones are skipped)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    with open(os.path.join(directory, "load-order")) as fh:
-        names = fh.read().split()
-    for name in names:
-        fd = os.open(os.path.join(directory, f"{name}.ko"), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if libc.syscall(_SYS_FINIT_MODULE, fd, b"", 0) != 0:
-                err = ctypes.get_errno()
-                if err != errno.EEXIST:
-                    raise OSError(err, f"load module {name}: {os.strerror(err)}")
-        finally:
-            os.close(fd)
-
-
 def _mounted_nfs(target: str, source: str) -> bool:
     """Whether `source` is already mounted at `target` (a fork's guest keeps its mounts)."""
     with open("/proc/self/mounts") as fh:
@@ -80,7 +61,7 @@ def mount_volumes(rootfs: RootFS, mounts: list[VolumeMount]) -> None:
     """Mount each volume at its path in the user's root (made, as root, when missing)."""
     if not mounts:
         return
-    load_nfs_modules()
+    load_module_set("nfs")
     for mount in mounts:
         target = rootfs.host(mount.path)
         source = f"{mount.server}:{mount.export}"
