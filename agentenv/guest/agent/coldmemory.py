@@ -1,10 +1,15 @@
 """An idle guest's cold anonymous memory, compressed in place: swap on zram.
 
 Dropping caches frees what is clean; an idle guest's processes (the agent's own Python
-heap first of all) keep their written pages. Swapped to a zram device they are stored
+heap first of all) keep their written pages. Paged out to a zram device they are stored
 compressed in guest memory, about a third of their size, and free page reporting hands the
 rest back to the host. The next burst faults them back in from memory, not from a disk.
-Set up on the first idle reclaim, not at boot: a guest that never idles never pays.
+
+Only anonymous memory goes (`process_madvise(MADV_PAGEOUT)` over each process's private
+writable ranges), never mapped files: a library or binary a guest maps is mostly the boot
+snapshot's page, which every clone shares on the host; evicted and read again it would be
+each guest's own copy. Set up on the first idle reclaim, not at boot: a guest that never
+idles never pays.
 """
 
 from __future__ import annotations
@@ -14,17 +19,25 @@ import errno
 import logging
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
-from . import machine
 from .kmod import load_module_set
 
 log = logging.getLogger("aenv_agent")
 
 ZRAM = "/dev/zram0"
-CGROUP = "/sys/fs/cgroup"
 # The swap device's size, as a share of the guest's memory (what it may hold uncompressed).
 SWAP_FRACTION = 0.5
+_SYS_PIDFD_OPEN = 434
+_SYS_PROCESS_MADVISE = 440
+_MADV_PAGEOUT = 21
+# Mappings of no file that a process writes: heap, stacks, anonymous memory.
+_ANONYMOUS_NAMES = ("", "[heap]", "[stack]")
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
 
 
 def _mem_total(proc: Path) -> int:
@@ -34,12 +47,26 @@ def _mem_total(proc: Path) -> int:
     raise OSError(errno.ENOENT, "no MemTotal in meminfo")
 
 
+def anonymous_ranges(maps: str) -> Iterator[tuple[int, int]]:
+    """(start, length) of each private, writable mapping of no file in a `maps` text."""
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5:
+            continue
+        name = fields[5].strip() if len(fields) > 5 else ""
+        perms = fields[1]
+        if perms[1] == "w" and perms[3] == "p" and name in _ANONYMOUS_NAMES:
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            yield start, end - start
+
+
 class ColdMemory:
-    """Swap on zram, made once; `push_out` reclaims what the guest holds into it."""
+    """Swap on zram, made once; `push_out` pages every process's anonymous memory out."""
 
     def __init__(self, proc: Path = Path("/proc"), sys: Path = Path("/sys")) -> None:
         self._proc = proc
         self._sys = sys
+        self._libc = ctypes.CDLL(None, use_errno=True)
         self._ready = False
         self._failed = False
 
@@ -49,18 +76,12 @@ class ColdMemory:
         (block / "comp_algorithm").write_text("lzo-rle\n")
         (block / "disksize").write_text(f"{int(_mem_total(self._proc) * SWAP_FRACTION)}\n")
         subprocess.run(["mkswap", ZRAM], check=True, capture_output=True)
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.swapon(ZRAM.encode(), 0) != 0:
+        if self._libc.swapon(ZRAM.encode(), 0) != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"swapon {ZRAM}: {os.strerror(err)}")
-        # Reclaim may take anonymous pages as readily as cache: they go to memory, not disk.
-        (self._proc / "sys" / "vm" / "swappiness").write_text("100\n")
-        if not os.path.exists(f"{CGROUP}/memory.reclaim"):
-            # The agent's own view of the hierarchy; the user's /sys is another mount.
-            machine.mount("cgroup2", CGROUP, "cgroup2")
 
     def push_out(self) -> None:
-        """Reclaim all the guest can spare into compressed swap (set up on first use)."""
+        """Page out what every process wrote (swap set up on first use)."""
         if self._failed:
             return
         if not self._ready:
@@ -72,9 +93,27 @@ class ColdMemory:
                 self._failed = True
                 return
             self._ready = True
+        for entry in self._proc.iterdir():
+            if entry.name.isdigit():
+                self._page_out(int(entry.name))
+
+    def _page_out(self, pid: int) -> None:
         try:
-            # As much as there is: the kernel stops, with EAGAIN, when nothing more goes.
-            Path(CGROUP, "memory.reclaim").write_text(f"{_mem_total(self._proc)}\n")
-        except OSError as exc:
-            if exc.errno != errno.EAGAIN:
-                raise
+            maps = (self._proc / str(pid) / "maps").read_text()
+        except OSError:
+            return  # gone meanwhile
+        ranges = list(anonymous_ranges(maps))
+        if not ranges:
+            return  # a kernel thread
+        pidfd = self._libc.syscall(_SYS_PIDFD_OPEN, pid, 0)
+        if pidfd < 0:
+            return
+        try:
+            for start, length in ranges:
+                # One range a call: a range the kernel refuses (locked, say) stops only itself.
+                vec = _IoVec(start, length)
+                self._libc.syscall(
+                    _SYS_PROCESS_MADVISE, pidfd, ctypes.byref(vec), 1, _MADV_PAGEOUT, 0
+                )
+        finally:
+            os.close(pidfd)
