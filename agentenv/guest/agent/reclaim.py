@@ -55,6 +55,8 @@ class IdleReclaimer:
     proc: Path = Path("/proc")
     # Where cold anonymous memory goes; None (outside a guest): caches only.
     swap: Swap | None = None
+    # The host's choice (`sandbox.compress_idle_memory`), given at /init.
+    compress: bool = True
     reclaims: int = 0
     _active_at: float = 0.0
     _done: bool = False
@@ -95,7 +97,7 @@ class IdleReclaimer:
 
     def _reclaim(self) -> int:
         before = _mem_free(self.proc)
-        if self.swap is not None:
+        if self.swap is not None and self.compress:
             self.swap.push_out()
         vm = self.proc / "sys" / "vm"
         (vm / "drop_caches").write_text("3\n")

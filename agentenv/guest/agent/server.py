@@ -90,6 +90,8 @@ async def init(request: web.Request) -> web.Response:
         state.default_workdir = str(body["defaultWorkdir"])
     if isinstance(body.get("reclaimAfterIdle"), int | float):
         request.app[RECLAIMER_KEY].idle_after = float(body["reclaimAfterIdle"])
+    if isinstance(body.get("compressIdleMemory"), bool):
+        request.app[RECLAIMER_KEY].compress = body["compressIdleMemory"]
     return web.Response(status=204)
 
 
