@@ -73,9 +73,6 @@ class SandboxConfig:
     # Seconds without use and with idle CPUs after which a guest drops its clean caches,
     # so the memory returns to the host (docs/density.md); 0 turns it off.
     reclaim_after_idle: float = 30.0
-    # At that idle reclaim, processes' own memory goes to compressed swap in the guest too
-    # (docs/density.md); false: caches only.
-    compress_idle_memory: bool = True
     # Seconds between samples of running sandboxes' memory (host and guest).
     memory_sample_interval: float = 15.0
     # Host memory pressure: below min_free_memory_mb plus this, idle guests are asked to

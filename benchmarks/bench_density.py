@@ -7,7 +7,7 @@ guest memory they were given, at peak and after idle; whether every sandbox stil
 and the burst on an idle sandbox against the same burst on a fresh one, each alone. With
 `--ksm`, also what the host kernel's same-page merging adds on top, after idle (the
 host's KSM settings are put back, and merged pages unmerged, at the end).
-Run: `python -m benchmarks.bench_density [--count K] [--idle SECONDS] [--ksm] [--no-compress]`.
+Run: `python -m benchmarks.bench_density [--count K] [--idle SECONDS] [--ksm]`.
 """
 
 from __future__ import annotations
@@ -127,9 +127,6 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=60.0)
     parser.add_argument("--ksm", action="store_true", help="also measure with KSM merging")
     parser.add_argument("--translation-buffer-mb", type=int, default=64, help="TCG's, per VM")
-    parser.add_argument(
-        "--no-compress", action="store_true", help="idle guests drop caches only (no zram)"
-    )
     args = parser.parse_args()
     env = {
         "AENV_SANDBOX_MEMORY_MB": str(MEMORY_MB),
@@ -138,7 +135,6 @@ def main() -> None:
         "AENV_VMM_TCG_TRANSLATION_BUFFER_MB": str(args.translation_buffer_mb),
         # Guest memory is the point here: admission counts it at 4x host memory.
         "AENV_SANDBOX_MEMORY_OVERCOMMIT": "4",
-        "AENV_SANDBOX_COMPRESS_IDLE_MEMORY": "false" if args.no_compress else "true",
     }
     with live_server(env) as server:
         warm = create(server)  # the boot snapshot exists before the baseline is taken
@@ -163,7 +159,6 @@ def main() -> None:
                 "sandboxes": args.count,
                 "memory_mb": MEMORY_MB,
                 "translation_buffer_mb": args.translation_buffer_mb,
-                "compress_idle_memory": not args.no_compress,
             }
             print(json.dumps({**common, "at": "peak", **peak}))
             print(json.dumps({**common, "at": f"after {args.idle:.0f} s idle", **idle}))

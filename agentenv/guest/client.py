@@ -28,7 +28,6 @@ class AgentClient:
         *,
         init_secret: str | None = None,
         reclaim_after_idle: float | None = None,
-        compress_idle_memory: bool = True,
     ) -> None:
         self._base_url = base_url
         self._headers = {"X-Access-Token": access_token} if access_token else {}
@@ -36,7 +35,6 @@ class AgentClient:
         self._init_secret = init_secret
         # Handed over with every /init: seconds of idle before the guest gives memory back.
         self._reclaim_after_idle = reclaim_after_idle
-        self._compress_idle_memory = compress_idle_memory
 
     async def healthy(self) -> bool:
         """One `GET /health` over a bare connection (polled during boot: a refused or reset
@@ -81,7 +79,6 @@ class AgentClient:
             body["volumeMounts"] = volume_mounts
         if self._reclaim_after_idle is not None:
             body["reclaimAfterIdle"] = self._reclaim_after_idle
-        body["compressIdleMemory"] = self._compress_idle_memory
         await self._host_call("/init", body)
 
     async def reclaim(self) -> int:

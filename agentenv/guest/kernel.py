@@ -24,11 +24,8 @@ WANTED_MODULES = (
 )
 # Sets of modules the agent loads only when a guest needs them, so no guest pays for them
 # at boot; they live on the runtime disk. `nfs`: a sandbox mounts a volume (NFSv3 from the
-# node); `zram`: an idle guest compresses its cold memory (`guest/agent/coldmemory.py`).
-ON_DEMAND_MODULES: dict[str, tuple[str, ...]] = {
-    "nfs": ("nfsv3",),
-    "zram": ("zram", "lzo_rle"),
-}
+# node).
+ON_DEMAND_MODULES: dict[str, tuple[str, ...]] = {"nfs": ("nfsv3",)}
 
 
 @dataclass(frozen=True)

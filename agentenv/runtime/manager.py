@@ -166,7 +166,6 @@ class SandboxManager:
             record.access_token,
             init_secret=read_init_secret(self.workdir(record.sandbox_id)),
             reclaim_after_idle=self.cfg.sandbox.reclaim_after_idle,
-            compress_idle_memory=self.cfg.sandbox.compress_idle_memory,
         )
 
     async def _transition(self, record: SandboxRecord, event: Event) -> None:

@@ -5,7 +5,6 @@ policy pauses it."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -114,19 +113,6 @@ def test_a_balloon_takes_memory_from_the_guest_and_gives_it_back(server: LiveSer
         kill(server, sandbox_id)
 
 
-# 40 MiB of a process's own memory, compressible as most heaps are; SIGUSR1 checks it.
-HOLDER = """import hashlib, signal
-held = bytearray(b"aenv" * (10 << 20))
-def check(*_):
-    open("/tmp/sum", "w").write(hashlib.sha256(held).hexdigest())
-signal.signal(signal.SIGUSR1, check)
-open("/tmp/held", "w").close()
-while True:
-    signal.pause()
-"""
-HELD_SUM = hashlib.sha256(b"aenv" * (10 << 20)).hexdigest()
-
-
 def test_an_idle_guest_drops_its_caches_and_the_node_reports_memory(
     fresh_server: LiveServer,
 ) -> None:
@@ -136,11 +122,7 @@ def test_an_idle_guest_drops_its_caches_and_the_node_reports_memory(
     sandbox = create(fresh_server)
     sandbox_id = sandbox["sandboxID"]
     try:
-        # 60 MiB of page cache: written, flushed, read back; and a process holding 40 MiB
-        # of its own memory.
-        run(fresh_server, sandbox, f"cat > /tmp/hold.py <<'EOF'\n{HOLDER}EOF")
-        run(fresh_server, sandbox, "nohup python3 /tmp/hold.py >/dev/null 2>&1 &")
-        assert wait_for(lambda: run(fresh_server, sandbox, "ls /tmp/held")[2] == 0, 30)
+        # 60 MiB of page cache: written, flushed, read back.
         run(
             fresh_server,
             sandbox,
@@ -152,17 +134,6 @@ def test_an_idle_guest_drops_its_caches_and_the_node_reports_memory(
         assert wait_for(
             lambda: metrics(fresh_server, sandbox_id)["memCache"] // MIB < cached - 40, 60
         )
-
-        # The idle process's memory goes to compressed swap (the cache went first), and
-        # reads back intact.
-        def swapped_mib() -> int:
-            out = run(fresh_server, sandbox, "awk '/^Swap(Total|Free)/ {print $2}' /proc/meminfo")
-            total, free = (int(kb) for kb in out[0].split())
-            return (total - free) // 1024
-
-        assert wait_for(lambda: swapped_mib() >= 30, 60), swapped_mib()
-        run(fresh_server, sandbox, "pkill -USR1 -f hold.py")
-        assert wait_for(lambda: run(fresh_server, sandbox, "cat /tmp/sum")[0] == HELD_SUM, 30)
         with fresh_server.client() as api:
             listed = {s["sandboxID"]: s for s in api.get("/v2/sandboxes").json()}
             assert wait_for(lambda: api.get("/v2/sandboxes").json()[0].get("hostMemoryMB"), 10)

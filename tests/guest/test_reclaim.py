@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.guest.agent.coldmemory import ColdMemory, anonymous_ranges
 from agentenv.guest.agent.reclaim import IdleReclaimer
 
 
@@ -82,46 +81,3 @@ def test_zero_turns_it_off(tmp_path: Path) -> None:
     reclaimer = IdleReclaimer(idle_after=0, sample_every=0.02, proc=tmp_path)
     asyncio.run(_drive(proc, reclaimer, [False] * 6))
     assert reclaimer.reclaims == 0
-
-
-def test_cold_memory_goes_out_before_the_caches_are_dropped(tmp_path: Path) -> None:
-    proc = FakeProc(tmp_path)
-    order: list[str] = []
-
-    class Swap:
-        def push_out(self) -> None:
-            order.append("swap" if not proc.written()[0] else "after the caches")
-
-    reclaimer = IdleReclaimer(idle_after=0, proc=tmp_path, swap=Swap())
-    asyncio.run(reclaimer.reclaim())
-    assert order == ["swap"] and proc.written() == ("3\n", "1\n")
-
-
-def test_a_guest_without_compressed_swap_still_drops_its_caches(tmp_path: Path) -> None:
-    """A kit without the zram modules: the set-up fails once, is not tried again."""
-    proc = FakeProc(tmp_path)
-    cold = ColdMemory(proc=tmp_path, sys=tmp_path / "sys")
-    reclaimer = IdleReclaimer(idle_after=0, proc=tmp_path, swap=cold)
-    for _ in range(2):
-        asyncio.run(reclaimer.reclaim())
-    assert reclaimer.reclaims == 2 and proc.written() == ("3\n", "1\n")
-
-
-def test_only_what_processes_wrote_of_no_file_is_paged_out() -> None:
-    maps = "\n".join(
-        [
-            "55d0c0000000-55d0c0021000 r--p 00000000 fe:01 131 /usr/bin/python3.11",
-            "55d0c0400000-55d0c0500000 rw-p 00300000 fe:01 131 /usr/bin/python3.11",
-            "55d0c1000000-55d0c1400000 rw-p 00000000 00:00 0                  [heap]",
-            "7f0000000000-7f0000100000 rw-p 00000000 00:00 0 ",
-            "7f0000100000-7f0000200000 rw-s 00000000 00:01 7                  /dev/zero (deleted)",
-            "7f0000200000-7f0000201000 ---p 00000000 00:00 0 ",
-            "7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0                  [stack]",
-            "7ffc00100000-7ffc00102000 r-xp 00000000 00:00 0                  [vdso]",
-        ]
-    )
-    assert list(anonymous_ranges(maps)) == [
-        (0x55D0C1000000, 0x400000),
-        (0x7F0000000000, 0x100000),
-        (0x7FFC00000000, 0x21000),
-    ]

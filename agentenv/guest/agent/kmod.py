@@ -1,5 +1,5 @@
-"""Loading the kernel modules a guest needs only sometimes (NFS for volumes, zram for
-cold memory) from the runtime disk, where the kit puts each set with its load order."""
+"""Loading the kernel modules a guest needs only sometimes (NFS for volumes) from the
+runtime disk, where the kit puts each set with its load order."""
 
 from __future__ import annotations
 

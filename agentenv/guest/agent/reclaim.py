@@ -1,9 +1,8 @@
 """Giving memory back while the guest is idle.
 
-Once nobody has called the agent and its CPUs have been idle for a while, the guest's
-cold anonymous memory goes to compressed swap (`coldmemory.py`), the kernel drops clean
-caches and compacts free memory, so that free page reporting hands whole blocks back to
-the host. The page cache it drops mostly holds the sandbox's image layers,
+Once nobody has called the agent and its CPUs have been idle for a while, the kernel
+drops clean caches and compacts free memory, so that free page reporting hands whole
+blocks back to the host. The page cache it drops mostly holds the sandbox's image layers,
 which the host's page cache holds once for every sandbox: reading them again after idle
 is cheap. A busy guest is never touched; the host may also ask (`POST /reclaim`) when it
 runs short of memory.
@@ -16,7 +15,6 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 log = logging.getLogger("aenv_agent")
 
@@ -40,10 +38,6 @@ def _mem_free(proc: Path) -> int:
     return 0
 
 
-class Swap(Protocol):
-    def push_out(self) -> None: ...
-
-
 @dataclass
 class IdleReclaimer:
     """Reclaims once per idle period: after `idle_after` seconds without a request and
@@ -53,10 +47,6 @@ class IdleReclaimer:
     sample_every: float = 5.0
     busy_pct: float = 10.0
     proc: Path = Path("/proc")
-    # Where cold anonymous memory goes; None (outside a guest): caches only.
-    swap: Swap | None = None
-    # The host's choice (`sandbox.compress_idle_memory`), given at /init.
-    compress: bool = True
     reclaims: int = 0
     _active_at: float = 0.0
     _done: bool = False
@@ -88,8 +78,7 @@ class IdleReclaimer:
                 await self.reclaim()
 
     async def reclaim(self) -> int:
-        """Push cold memory out, drop clean caches and compact free memory now; bytes
-        freed."""
+        """Drop clean caches and compact free memory now; bytes freed."""
         freed = await asyncio.to_thread(self._reclaim)
         self.reclaims += 1
         log.info("reclaimed %d MiB after %.0f s idle", freed >> 20, self.idle_seconds())
@@ -97,8 +86,6 @@ class IdleReclaimer:
 
     def _reclaim(self) -> int:
         before = _mem_free(self.proc)
-        if self.swap is not None and self.compress:
-            self.swap.push_out()
         vm = self.proc / "sys" / "vm"
         (vm / "drop_caches").write_text("3\n")
         try:

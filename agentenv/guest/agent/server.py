@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from . import eventlog, files, filesystem, init_secret, machine, process, volumes
-from .coldmemory import ColdMemory
 from .connect import ConnectError, error_response, json_response, log_error
 from .reclaim import PROBES, IdleReclaimer
 from .state import STATE_KEY, AgentState, app_key, get_state
@@ -90,8 +89,6 @@ async def init(request: web.Request) -> web.Response:
         state.default_workdir = str(body["defaultWorkdir"])
     if isinstance(body.get("reclaimAfterIdle"), int | float):
         request.app[RECLAIMER_KEY].idle_after = float(body["reclaimAfterIdle"])
-    if isinstance(body.get("compressIdleMemory"), bool):
-        request.app[RECLAIMER_KEY].compress = body["compressIdleMemory"]
     return web.Response(status=204)
 
 
@@ -198,7 +195,6 @@ def create_app(
     app[CPU_KEY] = CpuSampler()
     app[RECLAIMER_KEY] = IdleReclaimer()
     if guest:
-        app[RECLAIMER_KEY].swap = ColdMemory()
         app.cleanup_ctx.append(_reclaim_when_idle)
     app.router.add_get("/health", health)
     app.router.add_post("/init", init)
