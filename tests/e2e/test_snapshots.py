@@ -133,8 +133,13 @@ def test_a_paused_sandbox_is_snapshotted_as_it_is(server: LiveServer) -> None:
         resumed.pause(mode="filesystem")
         with pytest.raises(SandboxException, match="409"):
             Sandbox.create_snapshot(source.sandbox_id)
-        assert Sandbox.create_snapshot(source.sandbox_id, mode="filesystem").snapshot_id
-        for each in Sandbox.list_snapshots(sandbox_id=source.sandbox_id).next_items():
+        on_disk = Sandbox.create_snapshot(source.sandbox_id, mode="filesystem")
+        listed = Sandbox.list_snapshots(sandbox_id=source.sandbox_id).next_items()
+        assert {each.snapshot_id for each in listed} == {
+            snapshot.snapshot_id,
+            on_disk.snapshot_id,
+        }
+        for each in (snapshot, on_disk):
             Sandbox.delete_snapshot(each.snapshot_id)
     finally:
         for sandbox in (source, *made):

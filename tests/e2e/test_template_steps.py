@@ -45,6 +45,9 @@ def test_a_template_from_steps_starts_its_sandboxes_ready(
     server: LiveServer, context: Path
 ) -> None:
     logs: list[str] = []
+    with server.client() as api:
+        # What other tests of this server left: the build must add nothing to it.
+        snapshots_before = api.get("/snapshots").json()
     info = Template.build(
         _recipe(context),
         "stepped",
@@ -66,7 +69,7 @@ def test_a_template_from_steps_starts_its_sandboxes_ready(
     with server.client() as api:
         listed = {t["templateID"]: t for t in api.get("/v2/templates").json()}
         assert listed["stepped"]["memoryMB"] == 512
-        assert api.get("/snapshots").json() == []
+        assert api.get("/snapshots").json() == snapshots_before
 
     sandbox = Sandbox.create("stepped")
     try:
