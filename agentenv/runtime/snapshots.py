@@ -71,6 +71,9 @@ class SandboxSnapshots:
         self.catalog = catalog
         self.root = self.manager.cfg.home / "snapshots"
         self._fetching: dict[str, asyncio.Lock] = {}
+        # An upload's record update and a delete, one at a time: an upload finishing just
+        # as its snapshot is deleted must not write the record back.
+        self._records = asyncio.Lock()
 
     def files(self, snapshot: SnapshotRecord) -> Path:
         return self.root / snapshot.name / snapshot.tag
@@ -163,8 +166,9 @@ class SandboxSnapshots:
     async def _saved(self, snapshot: SnapshotRecord) -> None:
         """Record an uploaded snapshot's layers, unless it was deleted meanwhile; its
         source's next upload or snapshot is diffed against them."""
-        if await asyncio.to_thread(self.registry.find, snapshot.snapshot_id) is not None:
-            await asyncio.to_thread(self.registry.save, snapshot)
+        async with self._records:
+            if await asyncio.to_thread(self.registry.find, snapshot.snapshot_id) is not None:
+                await asyncio.to_thread(self.registry.save, snapshot)
         await self.manager.set_lineage(snapshot.source_sandbox, snapshot.stored)
 
     async def open(self) -> int:
@@ -291,7 +295,8 @@ class SandboxSnapshots:
 
     async def delete(self, ref: str) -> list[SnapshotRecord]:
         """Forget `name` (every build) or `name:tag`, and remove their files."""
-        gone = await asyncio.to_thread(self.registry.delete, ref)
+        async with self._records:
+            gone = await asyncio.to_thread(self.registry.delete, ref)
         for snapshot in gone:
             await asyncio.to_thread(shutil.rmtree, self.files(snapshot), True)
             self._fetched(snapshot).unlink(missing_ok=True)
