@@ -18,8 +18,8 @@ from ..images.pull import default_name
 from ..images.reference import parse_reference
 from ..net.rules import parse_egress
 from ..runtime.adoption import adopt
+from ..runtime.creation import CreateRequest
 from ..runtime.lifecycle import PUBLIC_STATE
-from ..runtime.manager import CreateRequest
 from ..runtime.memory import MIB
 from ..runtime.node import Node
 from ..runtime.volumeexports import resolve_mounts

@@ -12,7 +12,7 @@ from ..images.buildsteps import StepState
 from ..images.catalog import BASE
 from ..images.snapshots import BUILD_CACHE, TEMPLATE, SnapshotRecord
 from ..images.stepbuild import cache_entry_name
-from .manager import CreateRequest
+from .creation import CreateRequest
 from .snapshots import SandboxSnapshots
 
 # A build sandbox lives as long as its build; this only bounds a forgotten one.

@@ -5,6 +5,7 @@ booted)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..control.store import SandboxRecord
@@ -13,8 +14,29 @@ from ..images.catalog import Template
 from .bootsnap import Shape
 from .cleanup import CleanupStack
 from .guestconfig import guest_config
-from .manager import CreateRequest, SandboxManager
+from .manager import SandboxManager
 from .warmpool import WarmPool
+
+
+@dataclass
+class CreateRequest:
+    template_id: str
+    timeout: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    auto_pause: bool = False
+    auto_pause_memory: bool = True
+    allow_internet: bool = True
+    secure: bool = False
+    pause_after_idle: int = 0
+    auto_resume: bool = False
+    # E2B's `network` option, checked (`net/rules.py`).
+    network: dict[str, Any] = field(default_factory=dict)
+    # Volumes to mount, checked: [{name, volumeID, path}] (`runtime/volumeexports.py`).
+    volume_mounts: list[dict[str, str]] = field(default_factory=list)
+    # A size of its own (a template build's cpuCount and memoryMB); None: the template's.
+    vcpus: int | None = None
+    memory_mb: int | None = None
 
 
 async def requested_record(

@@ -32,13 +32,12 @@ from ..guest.client import AgentClient
 from ..guest.kit import Kit, guest_args, load_kit
 from ..guest.rpc import ConnectError
 from ..images.catalog import Template, TemplateCatalog
-from ..net.netns import NetworkError, destroy_network
+from ..net.netns import destroy_network
 from ..net.rules import EGRESS_FIELDS, EgressRules
 from ..observe.metrics import timed
 from ..vmm import guestram
 from ..vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
 from ..vmm.qemuimg import create_qcow2, qcow2_virtual_size
-from ..volumes.nfs import NfsError
 from .admission import Demand, admit, committed_by, demand_of, host_capacity
 from .bootsnap import (
     DISK_BYTES,
@@ -63,27 +62,6 @@ FULL = "full"
 FILESYSTEM = "filesystem"
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 T = TypeVar("T")
-
-
-@dataclass
-class CreateRequest:
-    template_id: str
-    timeout: int
-    metadata: dict[str, str] = field(default_factory=dict)
-    env_vars: dict[str, str] = field(default_factory=dict)
-    auto_pause: bool = False
-    auto_pause_memory: bool = True
-    allow_internet: bool = True
-    secure: bool = False
-    pause_after_idle: int = 0
-    auto_resume: bool = False
-    # E2B's `network` option, checked (`net/rules.py`).
-    network: dict[str, Any] = field(default_factory=dict)
-    # Volumes to mount, checked: [{name, volumeID, path}] (`runtime/volumeexports.py`).
-    volume_mounts: list[dict[str, str]] = field(default_factory=list)
-    # A size of its own (a template build's cpuCount and memoryMB); None: the template's.
-    vcpus: int | None = None
-    memory_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -517,12 +495,7 @@ class SandboxManager:
         if errors:
             raise Unavailable(f"sandbox '{record.sandbox_id}' teardown incomplete: {errors[0]}")
         self.metrics_history.forget(record.sandbox_id)
-        if record.volume_mounts and self.networks.exports is not None:
-            # Its slot is closed to the NFS server already; this tidies the export list.
-            try:
-                await self.networks.exports.publish()
-            except (NfsError, NetworkError) as exc:
-                log.warning("sandbox %s: volume exports not updated: %s", record.sandbox_id, exc)
+        await self.networks.released(record)
 
     async def set_timeout(self, sandbox_id: str, timeout: int) -> None:
         """New expiry = now + timeout; it may shorten the sandbox's life as well as extend it."""

@@ -40,11 +40,11 @@ from .admission import committed_by
 from .bootsnap import BootSnapshots, Shape
 from .buildhost import NodeBuildHost
 from .collect import Collector
-from .creation import SandboxCreations
+from .creation import CreateRequest, SandboxCreations
 from .fork import SandboxForks
 from .heartbeat import NodePresence
 from .lifecycle import State
-from .manager import CreateRequest, SandboxManager, guest_kernel_args
+from .manager import SandboxManager, guest_kernel_args
 from .memory import MemoryKeeper
 from .pause import SandboxPauses
 from .persist import Uploads

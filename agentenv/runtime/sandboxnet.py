@@ -3,12 +3,14 @@ node's egress policy with the sandbox's own `network` option in front) applied."
 
 from __future__ import annotations
 
+import logging
 import secrets
 from typing import TYPE_CHECKING, Any
 
 from ..config import Config
 from ..control.store import SandboxRecord
 from ..net.netns import (
+    NetworkError,
     NetworkPlan,
     apply_policy,
     create_network,
@@ -19,7 +21,10 @@ from ..net.netns import (
 )
 from ..net.policy import egress_policy
 from ..net.rules import EgressRules, egress_of
+from ..volumes.nfs import NfsError
 from .cleanup import CleanupStack
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .volumeexports import VolumeExports
@@ -88,6 +93,16 @@ class SandboxNetworks:
         if cleanup is not None:
             cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
         await self._export(record)
+
+    async def released(self, record: SandboxRecord) -> None:
+        """A removed sandbox's volumes are no longer exported to its address (its slot is
+        closed to the NFS server already: this tidies the export list)."""
+        if not record.volume_mounts or self.exports is None:
+            return
+        try:
+            await self.exports.publish()
+        except (NfsError, NetworkError) as exc:
+            log.warning("sandbox %s: volume exports not updated: %s", record.sandbox_id, exc)
 
     async def _export(self, record: SandboxRecord) -> None:
         """Its volumes are exported to it before its guest can mount them."""

@@ -36,10 +36,10 @@ from .checkpoint import (
     provision_from_checkpoint,
     take_checkpoint,
 )
-from .creation import requested_record
+from .creation import CreateRequest, requested_record
 from .guestconfig import DISK_TEMPLATE, disk_template
 from .lifecycle import Event, allows
-from .manager import FILESYSTEM, FULL, CreateRequest, SandboxManager, now
+from .manager import FILESYSTEM, FULL, SandboxManager, now
 from .pause import SandboxPauses
 from .persist import Uploads, fetch_files
 

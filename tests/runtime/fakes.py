@@ -18,8 +18,8 @@ from agentenv.images.catalog import Template
 from agentenv.runtime import manager as manager_module
 from agentenv.runtime import persist as persist_module
 from agentenv.runtime import sandboxnet as sandboxnet_module
-from agentenv.runtime.creation import SandboxCreations
-from agentenv.runtime.manager import CreateRequest, SandboxManager
+from agentenv.runtime.creation import CreateRequest, SandboxCreations
+from agentenv.runtime.manager import SandboxManager
 from agentenv.runtime.pause import SandboxPauses
 from agentenv.storage.filelayer import load_chain, materialize
 from agentenv.storage.objectstore import ObjectStore
