@@ -94,17 +94,9 @@ def host_tsc_khz(cpuinfo: str | None = None) -> int | None:
         return None
 
 
-# Free guest memory is reported to the VMM (which hands it back to the host) in blocks of
-# 2^5 pages: the kernel's default, 2 MiB blocks, leaves most of a fragmented guest's free
-# memory unreported.
-PAGE_REPORTING_ORDER = 5
-
-
 def kernel_args(accel: str, guest_args: str, tsc_khz: int | None) -> str:
-    """Serial console, fail-fast panics, free page reporting's block size, the guest's own
-    arguments, and TCG's clock fix."""
-    reporting = f"page_reporting.page_reporting_order={PAGE_REPORTING_ORDER}"
-    args = f"console=ttyS0 quiet panic=-1 reboot=t {reporting} {guest_args}".strip()
+    """Serial console, fail-fast panics, the guest's own arguments, and TCG's clock fix."""
+    args = f"console=ttyS0 quiet panic=-1 reboot=t {guest_args}".strip()
     if accel == "tcg" and tsc_khz:
         # Under TCG the kernel cannot calibrate the TSC (no PIT/HPET reference) and often
         # stalls at boot; telling it the rate skips calibration (16/16 boots vs. 4/8 without).
