@@ -82,7 +82,7 @@ class AgentClient:
         await self._host_call("/init", body)
 
     async def reclaim(self) -> int:
-        """The guest drops clean caches and releases empty slabs now; bytes it freed."""
+        """The guest drops clean caches now; bytes it freed."""
         return int((await self._host_call("/reclaim", None)).json()["freed"])
 
     async def sync(self) -> None:

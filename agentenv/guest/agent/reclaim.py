@@ -1,17 +1,15 @@
 """Giving memory back while the guest is idle.
 
 Once nobody has called the agent and its CPUs have been idle for a while, the kernel
-drops clean caches and releases empty slabs, and free page reporting hands the freed
-pages back to the host. The page cache it drops mostly holds the sandbox's image layers,
-which the host's page cache holds once for every sandbox: reading them again after idle
-is cheap. A busy guest is never touched; the host may also ask (`POST /reclaim`) when it
-runs short of memory.
+drops clean caches, and free page reporting hands the freed pages back to the host. The
+page cache it drops mostly holds the sandbox's image layers, which the host's page cache
+holds once for every sandbox: reading them again after idle is cheap. A busy guest is
+never touched; the host may also ask (`POST /reclaim`) when it runs short of memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -48,7 +46,6 @@ class IdleReclaimer:
     sample_every: float = 5.0
     busy_pct: float = 10.0
     proc: Path = Path("/proc")
-    sys: Path = Path("/sys")
     reclaims: int = 0
     _active_at: float = 0.0
     _done: bool = False
@@ -80,7 +77,7 @@ class IdleReclaimer:
                 await self.reclaim()
 
     async def reclaim(self) -> int:
-        """Drop clean caches and release empty slabs now; bytes freed."""
+        """Drop clean caches now; bytes freed."""
         freed = await asyncio.to_thread(self._reclaim)
         self.reclaims += 1
         log.info("reclaimed %d MiB after %.0f s idle", freed >> 20, self.idle_seconds())
@@ -89,12 +86,8 @@ class IdleReclaimer:
     def _reclaim(self) -> int:
         before = _mem_free(self.proc)
         vm = self.proc / "sys" / "vm"
+        # Nothing is compacted: compaction moves pages the guest still uses, and a moved
+        # page is written, which makes one the host shares with every clone of the
+        # snapshot this sandbox's own. Free pages are reported one by one instead.
         (vm / "drop_caches").write_text("3\n")
-        # Empty slabs the allocator keeps on its partial lists go back to the page
-        # allocator. Compaction is not run: it would move pages the guest still uses,
-        # and a moved page is written, which makes one the host shares with every clone
-        # of the snapshot this sandbox's own. Free pages are reported one by one instead.
-        for shrink in (self.sys / "kernel" / "slab").glob("*/shrink"):
-            with contextlib.suppress(OSError):
-                shrink.write_text("1\n")
         return max(0, _mem_free(self.proc) - before)
