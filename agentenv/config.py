@@ -68,8 +68,9 @@ class SandboxConfig:
     # Host memory/disk kept free; creation answers 503 below these.
     min_free_memory_mb: int = 512
     min_free_disk_mb: int = 1024
-    # Sandboxes' configured memory (disk) may sum to host memory (disk) times this.
-    memory_overcommit: float = 2.0
+    # Sandboxes' configured memory may sum to host memory times this: below what they
+    # hold even at the peak of a burst on TCG (docs/density.md).
+    memory_overcommit: float = 3.0
     # Seconds without use and with idle CPUs after which a guest drops its clean caches,
     # so the memory returns to the host (docs/density.md); 0 turns it off.
     reclaim_after_idle: float = 30.0

@@ -55,4 +55,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
-        return error_response(500, f"internal error: {exc}")
+        return error_response(500, f"internal error: {str(exc) or type(exc).__name__}")

@@ -16,6 +16,9 @@ from ..errors import Unavailable
 from .agent import init_secret
 from .rpc import ConnectError, EnvelopeDecoder, encode_envelope, error_from_json
 
+# Seconds the host waits for the guest's own routes (/init, /reclaim, /sync).
+HOST_CALL_TIMEOUT = 30.0
+
 
 class AgentClient:
     """Talks to one guest agent at `base_url` (reached through the sandbox's namespace)."""
@@ -92,8 +95,15 @@ class AgentClient:
     async def _host_call(self, path: str, body: dict[str, object] | None) -> httpx.Response:
         """POST to a route that is the host's alone: it carries the init secret."""
         headers = {init_secret.HEADER: self._init_secret or ""}
-        async with httpx.AsyncClient(base_url=self._base_url, timeout=self._timeout) as client:
-            response = await client.post(path, json=body, headers=headers)
+        # Longer than other calls: on a loaded host a guest can take seconds to mount its
+        # disk or drop its caches, and it has already answered its health check.
+        timeout = max(self._timeout, HOST_CALL_TIMEOUT)
+        async with httpx.AsyncClient(base_url=self._base_url, timeout=timeout) as client:
+            try:
+                response = await client.post(path, json=body, headers=headers)
+            except httpx.TransportError as exc:
+                detail = str(exc) or type(exc).__name__
+                raise Unavailable(f"the sandbox's guest did not answer {path}: {detail}") from exc
             if response.status_code >= 500:
                 # The guest's own reason (a volume it could not mount, say) is the error.
                 try:
