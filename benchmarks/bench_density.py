@@ -27,6 +27,7 @@ from tests.live import LiveServer, vmm_pid
 from .harness import kill_all, live_server
 
 MEMORY_MB = 512
+PAGE = 4096
 BURST = " && ".join(
     [
         "python3 -c 'b = bytearray(200 << 20); b[::4096] = b\"x\" * (200 << 8); del b'",
@@ -59,11 +60,31 @@ def vmm_memory_mb(pid: int) -> tuple[float, float]:
     return total / 1024, buffer / 1024
 
 
+def guest_ram_mb(pid: int, sandboxes_dir: Path) -> tuple[float, float]:
+    """(pages of the guest's RAM the VMM holds alone, pages it shares with the snapshot's
+    page cache): a private mapping's page is its own once written (`/proc/PID/pagemap`)."""
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[5].startswith(f"{sandboxes_dir}/"):
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            if high - low >= MEMORY_MB << 19:  # the RAM, not a small file it maps
+                break
+    else:
+        return 0.0, 0.0
+    with open(f"/proc/{pid}/pagemap", "rb") as pagemap:
+        pagemap.seek(low // PAGE * 8)
+        entries = memoryview(pagemap.read((high - low) // PAGE * 8)).cast("Q")
+    present = [e for e in entries if e >> 63]
+    shared = sum(1 for e in present if e >> 61 & 1)
+    return (len(present) - shared) * PAGE / 2**20, shared * PAGE / 2**20
+
+
 def held(server: LiveServer, sandbox_ids: list[str], baseline_available: int) -> dict:
-    pids = [vmm_pid(server, sandbox_id) for sandbox_id in sandbox_ids]
-    figures = [vmm_memory_mb(pid) for pid in pids if pid is not None]
+    pids = [pid for pid in (vmm_pid(server, i) for i in sandbox_ids) if pid is not None]
+    figures = [vmm_memory_mb(pid) for pid in pids]
     pss = sum(f[0] for f in figures)
     buffers = sum(f[1] for f in figures)
+    ram = [guest_ram_mb(pid, server.home / "sandboxes") for pid in pids]
     guest = MEMORY_MB * len(sandbox_ids)
     drop = baseline_available - _meminfo_mb("MemAvailable")
     return {
@@ -71,6 +92,10 @@ def held(server: LiveServer, sandbox_ids: list[str], baseline_available: int) ->
         "translation_buffers_mb": round(buffers),
         "per_sandbox_mb": round(pss / len(figures), 1),
         "per_sandbox_without_buffer_mb": round((pss - buffers) / len(figures), 1),
+        # Of which: guest pages written since the restore, and the snapshot's pages it
+        # maps (each process's PSS counts a share of those).
+        "guest_private_per_sandbox_mb": round(sum(r[0] for r in ram) / len(ram), 1),
+        "guest_shared_mapped_per_sandbox_mb": round(sum(r[1] for r in ram) / len(ram), 1),
         "overcommit": round(guest / pss, 2),
         "overcommit_without_buffer": round(guest / (pss - buffers), 2),
         "memavailable_drop_mb": drop,

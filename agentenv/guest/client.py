@@ -99,11 +99,7 @@ class AgentClient:
         # disk or drop its caches, and it has already answered its health check.
         timeout = max(self._timeout, HOST_CALL_TIMEOUT)
         async with httpx.AsyncClient(base_url=self._base_url, timeout=timeout) as client:
-            try:
-                response = await client.post(path, json=body, headers=headers)
-            except httpx.TransportError as exc:
-                detail = str(exc) or type(exc).__name__
-                raise Unavailable(f"the sandbox's guest did not answer {path}: {detail}") from exc
+            response = await client.post(path, json=body, headers=headers)
             if response.status_code >= 500:
                 # The guest's own reason (a volume it could not mount, say) is the error.
                 try:

@@ -418,7 +418,13 @@ class SandboxManager:
     async def initialize_guest(self, record: SandboxRecord, agent: AgentClient) -> None:
         """Give a guest that has not run before the sandbox's environment and command."""
         guest = record.guest
-        await init_agent(record, agent, self.cfg.net.guest_gateway)
+        try:
+            await init_agent(record, agent, self.cfg.net.guest_gateway)
+        except httpx.HTTPError as exc:
+            raise Unavailable(
+                f"sandbox '{record.sandbox_id}': its guest agent did not answer /init "
+                f"({type(exc).__name__})"
+            ) from exc
         crash_point("create.initialized")
         if guest.get("command"):
             try:

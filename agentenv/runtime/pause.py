@@ -197,7 +197,7 @@ class SandboxPauses:
             except BaseException:
                 await self.manager.driver.stop(handle)
                 raise
-        except (VmmError, TimeoutError, httpx.HTTPError) as exc:
+        except (VmmError, TimeoutError, httpx.HTTPError, Unavailable) as exc:
             if not self.manager.driver.saved_state_intact(snapshot):
                 raise GuestLost(
                     f"sandbox {record.sandbox_id} failed after its guest resumed: {exc}"

@@ -17,6 +17,7 @@ from enum import Enum
 import httpx
 
 from ..control.store import SandboxRecord
+from ..errors import Unavailable
 from ..net.netns import destroy_network, list_namespaces
 from ..vmm.driver import VmHandle, VmmError
 from .lifecycle import Event, State
@@ -106,7 +107,7 @@ async def _resuming(found: _Found) -> Outcome:
     await found.manager.settle(found.record, Event.DONE)
     outcome = await found.run_vm()
     # The clock stood still while it was paused; the dead server may not have set it.
-    with contextlib.suppress(httpx.HTTPError):
+    with contextlib.suppress(httpx.HTTPError, Unavailable):
         agent = found.manager.agent(found.record)
         await agent.init({}, found.record.access_token)
     return outcome

@@ -42,8 +42,9 @@ def gone(h: Harness, sandbox_id: str) -> bool:
 
 
 async def test_create_that_fails_at_init_leaves_nothing(h: Harness) -> None:
-    h.agent.init_error = httpx.ConnectError("agent went away")
-    with pytest.raises(httpx.ConnectError):
+    h.agent.init_error = httpx.ReadTimeout("")
+    # A 503 that names what failed, not an internal error with an empty message.
+    with pytest.raises(Unavailable, match=r"did not answer /init \(ReadTimeout\)"):
         await h.create()
     assert await h.manager.store.list() == []
     assert not h.driver.alive and not h.networks
@@ -100,10 +101,15 @@ async def test_resume_refused_before_the_guest_ran_stays_paused(h: Harness) -> N
     assert await h.state(sid) == "running"
 
 
-async def test_resume_that_fails_after_the_guest_ran_kills_the_sandbox(h: Harness) -> None:
+@pytest.mark.parametrize(
+    "error", [httpx.ReadTimeout("no answer"), Unavailable("the guest failed /init: boom")]
+)
+async def test_resume_that_fails_after_the_guest_ran_kills_the_sandbox(
+    h: Harness, error: Exception
+) -> None:
     sid = await h.create()
     await h.pauses.pause(sid)
-    h.agent.init_error = httpx.ReadTimeout("no answer")
+    h.agent.init_error = error
     with pytest.raises(GuestLost):
         await h.pauses.resume(sid, 60)
     assert await h.state(sid) is None
