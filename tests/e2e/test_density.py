@@ -45,12 +45,17 @@ def guest_available_mb(server: LiveServer, sandbox: dict[str, Any]) -> int:
     return int(run(server, sandbox, "awk '/MemAvailable/ {print $2}' /proc/meminfo")[0]) // 1024
 
 
+def start_and_wait(server: LiveServer, sandbox: dict[str, Any], program: str, done: str) -> None:
+    """Start `program` in the background and wait for the file it makes when ready."""
+    run(server, sandbox, program)
+    assert wait_for(lambda: run(server, sandbox, f"test -f {done}")[2] == 0, 120)
+
+
 def test_memory_a_guest_frees_returns_to_the_host(server: LiveServer) -> None:
     sandbox = create(server)
     sandbox_id = sandbox["sandboxID"]
     try:
-        run(server, sandbox, HOLD)
-        assert wait_for(lambda: run(server, sandbox, "test -f /tmp/held")[2] == 0, 120)
+        start_and_wait(server, sandbox, HOLD, "/tmp/held")
         holding = host_mb(server, sandbox_id)
         assert holding > 150, holding
         run(server, sandbox, "pkill -f os.urandom; true")
@@ -81,8 +86,7 @@ def test_scattered_free_pages_return_to_the_host(server: LiveServer) -> None:
     sandbox = create(server)
     sandbox_id = sandbox["sandboxID"]
     try:
-        run(server, sandbox, FRAGMENT)
-        assert wait_for(lambda: run(server, sandbox, "test -f /tmp/freed")[2] == 0, 120)
+        start_and_wait(server, sandbox, FRAGMENT, "/tmp/freed")
         order = "/sys/module/page_reporting/parameters/page_reporting_order"
         assert run(server, sandbox, f"cat {order}", user="root")[0].strip() == "0"
         # 48 MiB the process still holds; the other 48 MiB go back, page by page.
