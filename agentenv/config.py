@@ -84,6 +84,7 @@ class SandboxConfig:
     # runs it): much denser, but one sandbox may then time another's writes to tell what
     # it holds. For sandboxes of one owner only (docs/density.md).
     merge_identical_pages: bool = False
+    # Sandboxes' disks and RAM files may sum to the host's disk times this.
     disk_overcommit: float = 1.0
     # vCPUs one sandbox may have; 0 means the host's CPU count.
     max_vcpus: int = 0
