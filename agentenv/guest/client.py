@@ -93,21 +93,25 @@ class AgentClient:
         await self._host_call("/sync", None)
 
     async def _host_call(self, path: str, body: dict[str, object] | None) -> httpx.Response:
-        """POST to a route that is the host's alone: it carries the init secret."""
+        """POST to a route that is the host's alone: it carries the init secret. Whatever
+        goes wrong (no answer, the guest's own failure) is Unavailable, with the reason."""
         headers = {init_secret.HEADER: self._init_secret or ""}
         # Longer than other calls: on a loaded host a guest can take seconds to mount its
         # disk or drop its caches, and it has already answered its health check.
         timeout = max(self._timeout, HOST_CALL_TIMEOUT)
         async with httpx.AsyncClient(base_url=self._base_url, timeout=timeout) as client:
-            response = await client.post(path, json=body, headers=headers)
-            if response.status_code >= 500:
+            try:
+                response = await client.post(path, json=body, headers=headers)
+            except httpx.TransportError as exc:
+                detail = str(exc) or type(exc).__name__
+                raise Unavailable(f"the sandbox's guest did not answer {path}: {detail}") from exc
+            if response.status_code >= 400:
                 # The guest's own reason (a volume it could not mount, say) is the error.
                 try:
                     reason = str(response.json()["message"])
                 except (ValueError, KeyError, TypeError):
                     reason = response.text[:500]
                 raise Unavailable(f"the sandbox's guest failed {path}: {reason}")
-            response.raise_for_status()
             return response
 
     async def metrics(self) -> dict[str, Any]:

@@ -418,13 +418,7 @@ class SandboxManager:
     async def initialize_guest(self, record: SandboxRecord, agent: AgentClient) -> None:
         """Give a guest that has not run before the sandbox's environment and command."""
         guest = record.guest
-        try:
-            await init_agent(record, agent, self.cfg.net.guest_gateway)
-        except httpx.HTTPError as exc:
-            raise Unavailable(
-                f"sandbox '{record.sandbox_id}': its guest agent did not answer /init "
-                f"({type(exc).__name__})"
-            ) from exc
+        await init_agent(record, agent, self.cfg.net.guest_gateway)
         crash_point("create.initialized")
         if guest.get("command"):
             try:
@@ -538,7 +532,7 @@ class SandboxManager:
         """The guest writes its dirty file data to its disk; 503 when its agent is silent."""
         try:
             await self.agent(record).sync()
-        except httpx.HTTPError as exc:
+        except Unavailable as exc:
             raise Unavailable(
                 f"sandbox '{record.sandbox_id}': its guest agent did not answer, so its "
                 f"file systems cannot be flushed for a filesystem-only snapshot: {exc}"

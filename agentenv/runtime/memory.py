@@ -199,7 +199,7 @@ class MemoryKeeper:
             sandbox_id = sample.record.sandbox_id
             if self.manager.route(sandbox_id) is None:
                 continue  # paused or gone since the sample
-            with contextlib.suppress(httpx.HTTPError, TimeoutError, Unavailable):
+            with contextlib.suppress(TimeoutError, Unavailable):
                 async with asyncio.timeout(_SAMPLE_TIMEOUT_S * 6):
                     freed = await self.manager.agent(sample.record).reclaim()
                     MEMORY_RELIEF.labels("reclaim").inc()

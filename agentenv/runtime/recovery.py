@@ -14,8 +14,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-import httpx
-
 from ..control.store import SandboxRecord
 from ..errors import Unavailable
 from ..net.netns import destroy_network, list_namespaces
@@ -107,7 +105,7 @@ async def _resuming(found: _Found) -> Outcome:
     await found.manager.settle(found.record, Event.DONE)
     outcome = await found.run_vm()
     # The clock stood still while it was paused; the dead server may not have set it.
-    with contextlib.suppress(httpx.HTTPError, Unavailable):
+    with contextlib.suppress(Unavailable):
         agent = found.manager.agent(found.record)
         await agent.init({}, found.record.access_token)
     return outcome

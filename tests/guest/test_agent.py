@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentenv.errors import Unavailable
 from agentenv.guest.agent import init_secret
 from agentenv.guest.agent.signing import READ, WRITE, file_signature
 from agentenv.guest.client import AgentClient
@@ -188,6 +189,29 @@ async def test_host_health_probe(agent: Agent) -> None:
         s.bind(("127.0.0.1", 0))
         nobody = s.getsockname()[1]
     assert not await AgentClient(f"http://127.0.0.1:{nobody}").healthy()
+
+
+@pytest.mark.parametrize("answer", [None, b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n"])
+async def test_a_host_call_the_guest_does_not_serve_is_unavailable(
+    answer: bytes | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A guest that says nothing, or refuses: a 503 naming the route, whatever the cause."""
+
+    async def guest(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        if answer is not None:
+            writer.write(answer)
+            await writer.drain()
+            writer.close()
+
+    server = await asyncio.start_server(guest, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setattr("agentenv.guest.client.HOST_CALL_TIMEOUT", 0.3)
+    async with server:
+        client = AgentClient(f"http://127.0.0.1:{port}", timeout=0.1)
+        expected = "did not answer /init: ReadTimeout" if answer is None else "failed /init"
+        with pytest.raises(Unavailable, match=expected):
+            await client.init({}, None)
 
 
 async def test_health_envs_metrics(client: httpx.AsyncClient) -> None:
