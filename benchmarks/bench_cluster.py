@@ -19,14 +19,14 @@ from pathlib import Path
 import httpx
 
 from agentenv.cluster.local import LocalCluster
-from agentenv.runtime.manager import AGENT_PORT
+from agentenv.wire import ENVD_PORT
 
 ENV = {"AENV_SANDBOX_MEMORY_MB": "256", "AENV_CLUSTER_HEARTBEAT_INTERVAL": "1"}
 
 
 def requests_per_second(url: str, sandbox_id: str, count: int, workers: int) -> float:
     """GET the agent's /health through `url`'s proxy, `workers` clients at once."""
-    headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(AGENT_PORT)}
+    headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(ENVD_PORT)}
 
     def run(n: int) -> None:
         with httpx.Client(base_url=url, headers=headers, timeout=30) as client:

@@ -22,8 +22,8 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from agentenv.control.nodes import NodeCapacity, NodeInfo
 from agentenv.control.placement import Wanted, candidates
+from agentenv.state.nodes import NodeCapacity, NodeInfo
 
 SANDBOX_MB = 512
 GB = 10**9

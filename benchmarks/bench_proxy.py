@@ -18,8 +18,9 @@ import httpx
 from e2b import Sandbox
 
 from agentenv.config import load_config
-from agentenv.control.store import SandboxRecord, SqlSandboxStore
 from agentenv.net.netns import plan_network
+from agentenv.state.sandboxes import SandboxRecord, SqlSandboxStore
+from agentenv.wire import ENVD_PORT
 from tests.live import TEST_KEY, LiveServer
 
 from .harness import live_server
@@ -45,7 +46,7 @@ def agent_url(server: LiveServer, sandbox_id: str) -> str:
         guest_gateway="169.254.0.22",
         guest_prefix=30,
     )
-    return f"http://{plan.ns_ip}:49983"
+    return f"http://{plan.ns_ip}:{ENVD_PORT}"
 
 
 def round_trips(sandbox: Sandbox, runs: int) -> list[float]:

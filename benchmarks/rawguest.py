@@ -16,17 +16,18 @@ from pathlib import Path
 from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
 from agentenv.net.netns import TAP_NAME, create_detached_tap, destroy_network
-from agentenv.runtime.bootsnap import DISK_BYTES, Shape, sandbox_vm, write_init_secret
-from agentenv.runtime.manager import guest_kernel_args
+from agentenv.runtime.machine.bootsnap import DISK_BYTES, Shape, sandbox_vm, write_init_secret
+from agentenv.runtime.sandboxes.manager import guest_kernel_args
 from agentenv.vmm.driver import VmHandle
 from agentenv.vmm.qemu import QemuDriver
 from agentenv.vmm.qemuimg import create_qcow2
+from agentenv.wire import ENVD_PORT
 
 _HEALTH_PROBE = """
 import socket, sys, time
 while True:
     try:
-        with socket.create_connection((sys.argv[1], 49983), timeout=0.05) as conn:
+        with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=0.05) as conn:
             conn.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
             if b" 204 " in conn.recv(64):
                 break
@@ -78,7 +79,7 @@ class RawGuest:
         """Seconds from the restore call until the agent answers."""
         probe = await asyncio.create_subprocess_exec(
             "ip", "netns", "exec", self.netns, sys.executable, "-c", _HEALTH_PROBE,
-            self.cfg.net.guest_ip, stdout=asyncio.subprocess.PIPE,
+            self.cfg.net.guest_ip, str(ENVD_PORT), stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         start = time.monotonic()
         try:

@@ -82,3 +82,11 @@ def postgres_url(postgres_server: str) -> str:
         capture_output=True,
     )
     return f"{base}/{name}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every state-store case runs on both databases the store supports."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    return request.getfixturevalue("postgres_url")

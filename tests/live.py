@@ -18,7 +18,7 @@ import httpx
 from agentenv.cluster.postgres import free_port
 from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
-from agentenv.runtime.bootsnap import complete_snapshots
+from agentenv.runtime.machine.bootsnap import complete_snapshots
 from agentenv.storage.blockd import BlockdClient
 from agentenv.vmm.qemu import qemu_version_name, run_dir_for
 from agentenv.volumes.nfs import NfsServer

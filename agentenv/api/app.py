@@ -15,8 +15,8 @@ from ..images.buildfiles import signing_key
 from ..observe.logs import RequestIds
 from ..observe.metrics import CONTENT_TYPE, exposition
 from ..proxy.router import SandboxProxy
-from ..runtime.manager import Route
-from ..runtime.node import Node, refresh_node_metrics
+from ..runtime.node.assembly import Node, refresh_node_metrics
+from ..runtime.sandboxes.manager import Route
 from . import (
     builds,
     sandboxes,

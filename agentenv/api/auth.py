@@ -12,6 +12,7 @@ from fastapi import Security
 from fastapi.security import APIKeyHeader
 
 from ..errors import Unauthorized
+from ..wire import API_KEY_HEADER
 
 
 def load_or_create_api_key(configured: str, home: Path) -> tuple[str, bool]:
@@ -35,7 +36,7 @@ def load_or_create_api_key(configured: str, home: Path) -> tuple[str, bool]:
 
 # Declared as a security scheme (E2B's name for it), so `/openapi.json` says every route
 # needs it; the check and its errors stay ours.
-_API_KEY_HEADER = APIKeyHeader(name="X-API-Key", scheme_name="ApiKeyAuth", auto_error=False)
+_API_KEY_HEADER = APIKeyHeader(name=API_KEY_HEADER, scheme_name="ApiKeyAuth", auto_error=False)
 
 
 class ApiKeyAuth:

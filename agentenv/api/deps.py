@@ -10,11 +10,11 @@ from ..config import Config
 from ..images.builder import TemplateBuilds
 from ..images.catalog import TemplateCatalog
 from ..images.pull import ImagePuller
-from ..runtime.fork import SandboxForks
-from ..runtime.manager import SandboxManager
-from ..runtime.node import Node
-from ..runtime.pause import SandboxPauses
-from ..runtime.snapshots import SandboxSnapshots
+from ..runtime.node.assembly import Node
+from ..runtime.sandboxes.manager import SandboxManager
+from ..runtime.snapshots.fork import SandboxForks
+from ..runtime.snapshots.named import SandboxSnapshots
+from ..runtime.snapshots.pause import SandboxPauses
 
 
 def _node(request: Request) -> Node:

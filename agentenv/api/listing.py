@@ -9,10 +9,10 @@ from urllib.parse import parse_qsl, unquote
 
 from fastapi import Query, Response
 
-from ..control.store import SandboxRecord
 from ..errors import InvalidInput
 from ..guest.agent import ENVD_VERSION
-from ..runtime.lifecycle import PUBLIC_STATE
+from ..state.lifecycle import PUBLIC_STATE
+from ..state.sandboxes import SandboxRecord
 from .models import ListedSandbox
 from .pagination import decode_cursor, encode_cursor
 

@@ -11,18 +11,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Response
 
 from ..config import Config
-from ..control.store import SandboxRecord
 from ..errors import AenvError, InvalidInput
 from ..guest.agent import ENVD_VERSION
 from ..images.pull import default_name
 from ..images.reference import parse_reference
 from ..net.rules import parse_egress
-from ..runtime.adoption import adopt
-from ..runtime.creation import CreateRequest
-from ..runtime.lifecycle import PUBLIC_STATE
-from ..runtime.memory import MIB
-from ..runtime.node import Node
-from ..runtime.volumeexports import resolve_mounts
+from ..runtime.machine.mounts import resolve_mounts
+from ..runtime.node.adoption import adopt
+from ..runtime.node.assembly import Node
+from ..runtime.node.memorykeeper import MIB
+from ..runtime.sandboxes.creation import CreateRequest
+from ..state.lifecycle import PUBLIC_STATE
+from ..state.sandboxes import SandboxRecord
 from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
 from .errors import ERROR_RESPONSES
 from .listing import CLIENT_ID, ListQuery, list_query, listed_fields, listed_page, running_listed
@@ -294,7 +294,7 @@ async def sandbox_metrics(
     node: NodeDep, sandbox_id: str, start: int | None = None, end: int | None = None
 ) -> list[SandboxMetric]:
     """The guest's samples with `start <= timestamp <= end` (seconds), oldest first: those
-    the node took (`runtime/metricshistory.py`), and one taken now when the range reaches
+    the node took (`runtime/memory/metricshistory.py`), and one taken now when the range reaches
     the present and the sandbox runs. `hostMemUsed` is the present's."""
     manager = node.manager
     if end is None or end >= time.time() - 1:

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from ..images.snapshots import SNAPSHOT, SnapshotRecord, newest_tags, snapshot_names, split_ref
-from ..runtime.snapshots import SandboxSnapshots
+from ..runtime.snapshots.named import SandboxSnapshots
 from .deps import ConfigDep, SnapshotsDep
 from .errors import ERROR_RESPONSES
 from .models import RollbackBody, Sandbox, SnapshotBody, SnapshotInfo

@@ -19,7 +19,7 @@ from ..images.catalog import BASE, TemplateCatalog
 from ..images.reference import parse_reference
 from ..images.snapshots import TEMPLATE, SnapshotRecord, SnapshotRegistry, split_ref
 from ..images.templates import TemplateRecord
-from ..runtime.snapshots import SandboxSnapshots
+from ..runtime.snapshots.named import SandboxSnapshots
 from .deps import CatalogDep, ConfigDep, PullerDep, SnapshotsDep
 from .errors import ERROR_RESPONSES
 

@@ -15,8 +15,14 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from agentenv.guest.rpc import ConnectError, encode_envelope, error_from_json, iter_messages
+from agentenv.wire import (
+    ACCESS_TOKEN_HEADER,
+    API_KEY_HEADER,
+    ENVD_PORT,
+    SANDBOX_ID_HEADER,
+    SANDBOX_PORT_HEADER,
+)
 
-ENVD_PORT = 49983
 STREAM_CONTENT_TYPE = "application/connect+json"
 _CHUNK = 256 * 1024
 
@@ -98,7 +104,7 @@ class ApiClient(_Base):
     def __init__(
         self, url: str, key: str = "", *, transport: httpx.BaseTransport | None = None
     ) -> None:
-        headers = {"X-API-Key": key} if key else {}
+        headers = {API_KEY_HEADER: key} if key else {}
         super().__init__(url, headers, transport, httpx.Timeout(120.0, connect=5.0))
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -268,9 +274,9 @@ class EnvdClient(_Base):
         user: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(ENVD_PORT)}
+        headers = {SANDBOX_ID_HEADER: sandbox_id, SANDBOX_PORT_HEADER: str(ENVD_PORT)}
         if access_token:
-            headers["X-Access-Token"] = access_token
+            headers[ACCESS_TOKEN_HEADER] = access_token
         if user:
             headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
         super().__init__(url, headers, transport, httpx.Timeout(60.0, connect=5.0))

@@ -183,7 +183,7 @@ def check_boot_snapshots(cfg: Config, kit: Any) -> Check:
         return Check(name, True, "off (sandbox.boot_snapshots = false): sandboxes boot")
     if kit is None:
         return Check(name, False, "none without a kit", "aenv kit build", required=False)
-    from agentenv.runtime.bootsnap import complete_snapshots
+    from agentenv.runtime.machine.bootsnap import complete_snapshots
     from agentenv.vmm.qemu import qemu_version_name
 
     root = cfg.kit_dir / "boot-snapshots"

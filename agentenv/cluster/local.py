@@ -30,6 +30,7 @@ from ..config import Config, load_config
 from ..net.netns import list_namespaces
 from ..storage.blockd import BlockdClient
 from ..volumes.nfs import NfsServer
+from ..wire import API_KEY_HEADER
 from .network import ClusterNetwork
 from .postgres import LocalPostgres, free_port
 
@@ -310,7 +311,7 @@ class LocalCluster:
             state.network.destroy()
 
     def _kill_sandboxes(self, state: ClusterState) -> None:
-        headers = {"X-API-Key": state.api_key}
+        headers = {API_KEY_HEADER: state.api_key}
         for member in state.members:
             if member.role != "node" or not _alive(member.pid):
                 continue

@@ -42,12 +42,12 @@ from ..observe.metrics import (
 )
 from ..proxy.router import refuse, target_of
 from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
-from ..proxy.target import BadTarget
+from ..proxy.target import ROUTING_HEADERS, BadTarget
 from ..proxy.websocket import bridge_websocket
-from ..runtime.lifecycle import State
-from .nodes import ACTIVE, DRAINING, LOST, NODE_STATES, NodeInfo
+from ..state.lifecycle import State
+from ..state.nodes import ACTIVE, DRAINING, LOST, NODE_STATES, NodeInfo
+from ..state.sandboxes import open_engine
 from .plane import ControlPlane
-from .store import open_engine
 
 # Headers a relayed API request does not carry on (httpx sets its own framing and host).
 _DROP = HOP_BY_HOP | {b"host"}
@@ -266,7 +266,7 @@ class ControlProxy:
         forward = [
             (k, v)
             for k, v in scope["headers"]
-            if k.lower() not in _DROP and k.lower() not in (b"e2b-sandbox-id", b"e2b-sandbox-port")
+            if k.lower() not in _DROP and k.lower() not in ROUTING_HEADERS
         ]
         if b"content-length" in headers:
             forward.append((b"content-length", headers[b"content-length"]))

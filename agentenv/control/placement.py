@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .nodes import ACTIVE, NodeInfo
+from ..state.nodes import ACTIVE, NodeInfo
 
 # A node holding the content is preferred while it is committed below this fraction of its
 # memory; past it, it competes on free memory like any other (a popular template would

@@ -21,12 +21,12 @@ from ..config import Config
 from ..errors import NotFound, Unavailable
 from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
-from ..runtime.lifecycle import Event, allows
+from ..state.lifecycle import Event, allows
+from ..state.nodes import ACTIVE, DRAINING, LOST, NodeInfo, NodeRegistry
+from ..state.sandboxes import SandboxRecord, SqlSandboxStore
 from ..storage.objectstore import ObjectStoreError
 from ..storage.stores import open_object_store
-from .nodes import ACTIVE, DRAINING, LOST, NodeInfo, NodeRegistry
 from .placement import Wanted, candidates
-from .store import SandboxRecord, SqlSandboxStore
 
 log = logging.getLogger(__name__)
 

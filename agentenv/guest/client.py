@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from ..errors import Unavailable
+from ..wire import ACCESS_TOKEN_HEADER
 from .agent import init_secret
 from .rpc import ConnectError, EnvelopeDecoder, encode_envelope, error_from_json
 
@@ -33,7 +34,7 @@ class AgentClient:
         reclaim_after_idle: float | None = None,
     ) -> None:
         self._base_url = base_url
-        self._headers = {"X-Access-Token": access_token} if access_token else {}
+        self._headers = {ACCESS_TOKEN_HEADER: access_token} if access_token else {}
         self._timeout = timeout
         self._init_secret = init_secret
         # Handed over with every /init: seconds of idle before the guest gives memory back.

@@ -5,7 +5,7 @@
 # /init call, not here: a VM restored from a boot snapshot gets its disk only then.
 export PATH=/bin:/sbin
 
-AGENT_PORT=49983
+AGENT_PORT=@ENVD_PORT@
 RUNTIME_LABEL=aenv-runtime
 
 fatal() {

@@ -8,9 +8,15 @@ import subprocess
 from pathlib import Path
 
 from agentenv.guest.buildutil import KitBuildError, Progress, run, step
+from agentenv.wire import ENVD_PORT
 
 INIT_SCRIPT = Path(__file__).with_name("init.sh")
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
+
+
+def render_init(script: Path) -> str:
+    """The guest's /init with the agent's port filled in (`wire.ENVD_PORT`)."""
+    return script.read_text().replace("@ENVD_PORT@", str(ENVD_PORT))
 
 
 def find_static_busybox() -> Path:
@@ -40,7 +46,7 @@ def populate(root: Path, modules: list[Path], busybox: Path) -> None:
         shutil.copyfile(mod, root / "lib/modules" / mod.name)
     order = "".join(f"{mod.stem}\n" for mod in modules)
     (root / "lib/modules/load-order").write_text(order)
-    shutil.copyfile(INIT_SCRIPT, root / "init")
+    (root / "init").write_text(render_init(INIT_SCRIPT))
     os.chmod(root / "init", 0o755)
     # The kernel opens /dev/console for /init before anything is mounted.
     for name, major, minor in (("console", 5, 1), ("null", 1, 3)):

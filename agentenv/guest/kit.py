@@ -29,7 +29,7 @@ from agentenv.guest.buildutil import (
 )
 from agentenv.guest.debootstrap import clean_tree, debootstrap
 from agentenv.guest.ext4 import pack_ext4
-from agentenv.guest.initramfs import INIT_SCRIPT, build_initramfs
+from agentenv.guest.initramfs import INIT_SCRIPT, build_initramfs, render_init
 from agentenv.guest.kernel import ON_DEMAND_MODULES, WANTED_MODULES, fetch_kernel
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
 # Bump when the builder's output changes for the same inputs.
 KIT_FORMAT = 1
 AGENT_SRC = Path(__file__).with_name("agent")
-AGENT_PORT = 49983
 RUNTIME_LABEL = "aenv-runtime"
 ROOTFS_LABEL = "aenv-rootfs"
 RUNTIME_PACKAGES = ("python3", "python3-aiohttp")
@@ -83,7 +82,7 @@ def kit_version(
 ) -> str:
     """Content hash of all kit inputs: config, package lists, init script, agent sources."""
     h = hashlib.sha256(json.dumps(kit_inputs(cfg), sort_keys=True).encode())
-    h.update(b"init\0" + init_script.read_bytes())
+    h.update(b"init\0" + render_init(init_script).encode())
     if agent_src.is_dir():
         hash_tree(h, agent_src, "agent")
     return h.hexdigest()[:16]

@@ -44,7 +44,7 @@ class StepFailed(AenvError):
 
 
 class BuildHost(Protocol):
-    """Build sandboxes on this node (`runtime/buildhost.py`); faked in unit tests."""
+    """Build sandboxes on this node (`runtime/node/buildhost.py`); faked in unit tests."""
 
     async def create(self, parent: str, vcpus: int | None, memory_mb: int | None) -> str: ...
 

@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 from yarl import URL
 
-from ..runtime.manager import AGENT_PORT, Route
+from ..runtime.sandboxes.manager import Route
+from ..wire import ACCESS_TOKEN_HEADER, ENVD_PORT, TRAFFIC_TOKEN_HEADER
 from .signedurl import signer_target
 from .stream import (
     HOP_BY_HOP,
@@ -21,19 +22,15 @@ from .stream import (
     send_error,
     stream_through,
 )
-from .target import BadTarget, Target, find_target
+from .target import ROUTING_HEADERS, BadTarget, Target, find_target
 from .upstream import UpstreamClients
 from .websocket import bridge_websocket
 
-TRAFFIC_TOKEN_HEADER = b"e2b-traffic-access-token"
+TRAFFIC_TOKEN = TRAFFIC_TOKEN_HEADER.lower().encode()
+_ACCESS_TOKEN = ACCESS_TOKEN_HEADER.lower().encode()
 
 # Hop-by-hop headers and our routing and access headers never travel on.
-_DROP_REQUEST = HOP_BY_HOP | {
-    b"host",
-    b"e2b-sandbox-id",
-    b"e2b-sandbox-port",
-    TRAFFIC_TOKEN_HEADER,
-}
+_DROP_REQUEST = HOP_BY_HOP | ROUTING_HEADERS | {b"host", TRAFFIC_TOKEN}
 
 
 class SandboxProxy:
@@ -82,20 +79,22 @@ class SandboxProxy:
             return
         if (
             route.access_token
-            and target.port == AGENT_PORT
+            and target.port == ENVD_PORT
             and not _token_ok(scope, target, headers, route.access_token)
         ):
-            await refuse(scope, send, 401, "missing or invalid X-Access-Token for this sandbox")
+            await refuse(
+                scope, send, 401, f"missing or invalid {ACCESS_TOKEN_HEADER} for this sandbox"
+            )
             return
         if (
             route.traffic_token
-            and target.port != AGENT_PORT
+            and target.port != ENVD_PORT
             and not hmac.compare_digest(
-                headers.get(TRAFFIC_TOKEN_HEADER, b""), route.traffic_token.encode()
+                headers.get(TRAFFIC_TOKEN, b""), route.traffic_token.encode()
             )
         ):
             # The sandbox's own ports are private: E2B's `allowPublicTraffic: false`.
-            await refuse(scope, send, 403, "missing or invalid e2b-traffic-access-token")
+            await refuse(scope, send, 403, f"missing or invalid {TRAFFIC_TOKEN_HEADER.lower()}")
             return
         if scope["type"] == "websocket":
             await bridge_websocket(scope, receive, send, f"{route.host}:{target.port}", target.path)
@@ -113,7 +112,7 @@ class SandboxProxy:
     ) -> None:
         url = f"http://{route.host}:{target.port}{target.path}"
         forward_headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _DROP_REQUEST]
-        if route.mask_host and target.port != AGENT_PORT:
+        if route.mask_host and target.port != ENVD_PORT:
             masked = route.mask_host.replace("${PORT}", str(target.port))
             forward_headers.append((b"host", masked.encode()))
         if b"content-length" in headers:
@@ -175,7 +174,7 @@ def request_target(scope: Scope) -> str | None:
 def _token_ok(scope: Scope, target: Target, headers: dict, token: str) -> bool:
     """The envd access token guards the agent's port only (other ports are the user's own
     servers, public as on E2B); its health check stays open, as the agent's is."""
-    given = headers.get(b"x-access-token", b"")
+    given = headers.get(_ACCESS_TOKEN, b"")
     if hmac.compare_digest(given, token.encode()):
         return True
     # The open routes must be spelt plainly: the path is forwarded as sent and the agent

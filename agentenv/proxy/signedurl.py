@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 from yarl import URL
 
 from ..guest.agent.signing import READ, WRITE, signed_by
-from ..runtime.manager import AGENT_PORT, Route
+from ..runtime.sandboxes.manager import Route
+from ..wire import ENVD_PORT
 from .target import Target
 
 _OPERATIONS = {"GET": READ, "POST": WRITE}
@@ -33,5 +34,5 @@ def signer_target(
         return None
     for sandbox_id, route in routes():
         if route.access_token and signed_by(query, operation, route.access_token):
-            return Target(sandbox_id, AGENT_PORT, raw_target)
+            return Target(sandbox_id, ENVD_PORT, raw_target)
     return None

@@ -5,8 +5,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..runtime.manager import AGENT_PORT
+from ..wire import ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER
 
+# As ASGI spells them: lower-case bytes.
+SANDBOX_ID = SANDBOX_ID_HEADER.lower().encode()
+SANDBOX_PORT = SANDBOX_PORT_HEADER.lower().encode()
+# They name the target here and never travel on to a guest.
+ROUTING_HEADERS = frozenset((SANDBOX_ID, SANDBOX_PORT))
 _PROXY_PATH = re.compile(r"^/proxy/([a-z0-9]+)/(\d+)(/.*)?$")
 
 
@@ -39,9 +44,9 @@ def _header_text(value: bytes) -> str:
 
 def find_target(headers: dict[bytes, bytes], raw_path: str, domain: str) -> Target | None:
     """Header `E2b-Sandbox-Id` wins, then host `{port}-{id}.{domain}`, then the path form."""
-    sandbox_id = headers.get(b"e2b-sandbox-id")
+    sandbox_id = headers.get(SANDBOX_ID)
     if sandbox_id is not None:
-        port = headers.get(b"e2b-sandbox-port", str(AGENT_PORT).encode())
+        port = headers.get(SANDBOX_PORT, str(ENVD_PORT).encode())
         return Target(_header_text(sandbox_id), _port(_header_text(port)), raw_path)
     host = headers.get(b"host", b"").decode("latin-1").rsplit(":", 1)[0].lower()
     if domain and host.endswith("." + domain.lower()):

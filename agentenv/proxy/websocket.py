@@ -9,13 +9,14 @@ from typing import Any
 
 import aiohttp
 
+from .target import ROUTING_HEADERS
+
 log = logging.getLogger(__name__)
 
 # Headers the client library sets itself for the upstream handshake.
-_HANDSHAKE = {
+_HANDSHAKE = ROUTING_HEADERS | {
     b"host", b"connection", b"upgrade", b"sec-websocket-key", b"sec-websocket-version",
-    b"sec-websocket-extensions", b"sec-websocket-protocol", b"e2b-sandbox-id",
-    b"e2b-sandbox-port", b"content-length",
+    b"sec-websocket-extensions", b"sec-websocket-protocol", b"content-length",
 }  # fmt: skip
 
 

@@ -1,0 +1,1 @@
+"""A node's runtime, in rooms: machine and memory below, sandboxes, snapshots, node above."""

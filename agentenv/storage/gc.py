@@ -1,6 +1,6 @@
 """Garbage collection of the object store: layers (index and block digests) and chunks
 that no root reaches any more. Roots are layer ids: templates', snapshots', sandboxes'
-and the stacks a node's block daemon serves (`runtime/collect.py` gathers them).
+and the stacks a node's block daemon serves (`runtime/node/collect.py` gathers them).
 
 Two races make a naive sweep unsafe: a writer reuses a chunk or a layer that is already
 stored without writing it again, and a layer is referenced only once the record naming it

@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..control.schema import volumes
 from ..errors import Conflict, InvalidInput, NotFound, Unavailable
+from ..state.schema import volumes
 
 # E2B's pattern for a volume's name, with a length bound of ours.
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")

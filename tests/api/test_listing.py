@@ -8,9 +8,9 @@ import pytest
 from fastapi import Response
 
 from agentenv.api.listing import list_query, listed_page
-from agentenv.control.store import SandboxRecord
 from agentenv.errors import InvalidInput
-from agentenv.runtime.lifecycle import State
+from agentenv.state.lifecycle import State
+from agentenv.state.sandboxes import SandboxRecord
 
 T0 = datetime(2026, 12, 4, 12, 0, 0, 123456, tzinfo=UTC)
 

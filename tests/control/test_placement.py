@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agentenv.control.nodes import ACTIVE, DRAINING, LOST, NodeCapacity, NodeInfo
 from agentenv.control.placement import Wanted, candidates
+from agentenv.state.nodes import ACTIVE, DRAINING, LOST, NodeCapacity, NodeInfo
 
 NOW = 1000.0
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 
 from agentenv.config import Config
-from agentenv.control.nodes import LOST, NodeCapacity
 from agentenv.control.plane import ControlPlane
-from agentenv.control.store import SandboxRecord, SqlSandboxStore, open_engine
-from agentenv.runtime.lifecycle import State
+from agentenv.state.lifecycle import State
+from agentenv.state.nodes import LOST, NodeCapacity
+from agentenv.state.sandboxes import SandboxRecord, SqlSandboxStore, open_engine
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 BASE = SandboxRecord("x", "base", State.PAUSED, START, START + timedelta(hours=1), 1, 256,

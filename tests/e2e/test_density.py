@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentenv.runtime.admission import available_memory_mb, total_memory_mb
+from agentenv.runtime.memory.admission import available_memory_mb, total_memory_mb
 
 from ..live import HostResources, LiveServer, vmm_pid, wait_for
 from .test_sandbox_lifecycle import create, kill, run

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentenv.runtime.manager import AGENT_PORT
+from agentenv.wire import ENVD_PORT
 
 from ..live import LiveServer, wait_for
 from ..netlab import (
@@ -87,7 +87,7 @@ def test_guest_reaches_the_internet_and_nothing_else(server: LiveServer, around:
                 # Its own and the neighbour's host-side addresses are among the host's.
                 *(around.url("host", address) for address in host_addresses()),
                 neighbour_url,
-                f"http://{neighbour_ip}:{AGENT_PORT}/health",
+                f"http://{neighbour_ip}:{ENVD_PORT}/health",
                 f"http://{GATEWAY}:{namespace_port}/",
                 f"http://{namespace_ip(server, guest['sandboxID'])}:{namespace_port}/",
                 around.url("private"),

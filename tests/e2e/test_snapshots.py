@@ -15,7 +15,7 @@ from e2b.exceptions import SandboxException
 
 from agentenv.config import load_config
 from agentenv.net.netns import list_namespaces
-from agentenv.runtime.servedram import ServedRam
+from agentenv.runtime.snapshots.servedram import ServedRam
 from agentenv.storage.blockd import BlockdClient
 from agentenv.storage.posix import PosixObjectStore
 

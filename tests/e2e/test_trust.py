@@ -8,8 +8,8 @@ import subprocess
 import httpx
 import pytest
 
-from agentenv.runtime.admission import total_memory_mb
-from agentenv.runtime.manager import AGENT_PORT
+from agentenv.runtime.memory.admission import total_memory_mb
+from agentenv.wire import ENVD_PORT
 
 from ..live import HostResources, LiveServer
 from .test_sandbox_lifecycle import create, kill, run
@@ -36,7 +36,7 @@ def test_init_needs_the_hosts_secret(server: LiveServer) -> None:
     sandbox = create(server)
     sid, token = sandbox["sandboxID"], sandbox["envdAccessToken"]
     steal = {"accessToken": "thief", "defaultUser": "root", "envVars": {"X": "1"}}
-    direct = f"http://{namespace_address(server, sid)}:{AGENT_PORT}/init"
+    direct = f"http://{namespace_address(server, sid)}:{ENVD_PORT}/init"
     assert httpx.post(direct, json=steal).status_code == 401
     with server.client() as api:
         proxied = api.post(

@@ -6,7 +6,8 @@ from urllib.parse import urlencode
 
 from agentenv.guest.agent.signing import READ, WRITE, file_signature
 from agentenv.proxy.signedurl import signer_target
-from agentenv.runtime.manager import AGENT_PORT, Route
+from agentenv.runtime.sandboxes.manager import Route
+from agentenv.wire import ENVD_PORT
 
 ROUTES = [
     ("iopen", Route(host="10.0.0.2", access_token=None)),
@@ -27,7 +28,7 @@ def test_the_signer_is_found_among_running_sandboxes() -> None:
     raw = signed("beta-token", expiration="1")
     target = signer_target("GET", raw, lambda: ROUTES)
     assert target is not None
-    assert (target.sandbox_id, target.port, target.path) == ("ibeta", AGENT_PORT, raw)
+    assert (target.sandbox_id, target.port, target.path) == ("ibeta", ENVD_PORT, raw)
     upload = signed("alpha-token", WRITE)
     assert signer_target("POST", upload, lambda: ROUTES).sandbox_id == "ialpha"
 

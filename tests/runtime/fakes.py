@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 
 from agentenv.config import Config
-from agentenv.control.store import SqlSandboxStore
 from agentenv.guest.kit import Kit
 from agentenv.images.catalog import Template
-from agentenv.runtime import manager as manager_module
-from agentenv.runtime import persist as persist_module
-from agentenv.runtime import sandboxnet as sandboxnet_module
-from agentenv.runtime.creation import CreateRequest, SandboxCreations
-from agentenv.runtime.manager import SandboxManager
-from agentenv.runtime.pause import SandboxPauses
+from agentenv.runtime.machine import network as network_module
+from agentenv.runtime.sandboxes import manager as manager_module
+from agentenv.runtime.sandboxes.creation import CreateRequest, SandboxCreations
+from agentenv.runtime.sandboxes.manager import SandboxManager
+from agentenv.runtime.snapshots import persist as persist_module
+from agentenv.runtime.snapshots.pause import SandboxPauses
+from agentenv.state.sandboxes import SqlSandboxStore
 from agentenv.storage.filelayer import load_chain, materialize
 from agentenv.storage.objectstore import ObjectStore
 from agentenv.storage.posix import PosixObjectStore
@@ -214,10 +214,10 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
         # Just the header's magic and virtual size, which the manager reads.
         path.write_bytes(b"QFI\xfb" + bytes(20) + (size or 1).to_bytes(8, "big"))
 
-    monkeypatch.setattr(sandboxnet_module, "create_network", create_network)
-    monkeypatch.setattr(sandboxnet_module, "destroy_network", destroy_network)
+    monkeypatch.setattr(network_module, "create_network", create_network)
+    monkeypatch.setattr(network_module, "destroy_network", destroy_network)
     monkeypatch.setattr(manager_module, "destroy_network", destroy_network)
-    monkeypatch.setattr(sandboxnet_module, "apply_policy", create_network)
+    monkeypatch.setattr(network_module, "apply_policy", create_network)
     monkeypatch.setattr(manager_module, "create_qcow2", create_qcow2)
     monkeypatch.setattr(persist_module, "set_backing", lambda *_: None)
     rootfs = tmp_path / "rootfs.ext4"

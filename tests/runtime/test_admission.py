@@ -8,8 +8,8 @@ import pytest
 
 from agentenv.config import SandboxConfig
 from agentenv.errors import Unavailable
-from agentenv.runtime import admission
-from agentenv.runtime.admission import Capacity, Demand, admit, host_capacity
+from agentenv.runtime.memory import admission
+from agentenv.runtime.memory.admission import Capacity, Demand, admit, host_capacity
 
 GIB = 1024
 

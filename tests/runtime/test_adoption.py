@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.control.nodes import DRAINING, LOST, NodeCapacity, NodeRegistry
-from agentenv.control.store import SqlSandboxStore
 from agentenv.errors import Conflict, NotFound
-from agentenv.runtime.adoption import adopt
-from agentenv.runtime.lifecycle import State
+from agentenv.runtime.node.adoption import adopt
+from agentenv.state.lifecycle import State
+from agentenv.state.nodes import DRAINING, LOST, NodeCapacity, NodeRegistry
+from agentenv.state.sandboxes import SqlSandboxStore
 
 from .fakes import Harness, make_harness
 

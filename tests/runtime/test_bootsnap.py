@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentenv.guest.kit import Kit
-from agentenv.runtime.bootsnap import BootSnapshots, Shape
+from agentenv.runtime.machine.bootsnap import BootSnapshots, Shape
 from agentenv.vmm.driver import VmHandle, VmmError, VmSpec
 
 

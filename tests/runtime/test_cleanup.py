@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from agentenv.runtime.cleanup import CleanupStack
+from agentenv.runtime.machine.cleanup import CleanupStack
 
 
 async def test_runs_in_reverse_once_and_collects_errors() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentenv.errors import Conflict, InvalidInput
-from agentenv.runtime import memory as memory_module
-from agentenv.runtime.memory import Footprint, MemoryKeeper
+from agentenv.runtime.node import memorykeeper as memory_module
+from agentenv.runtime.node.memorykeeper import Footprint, MemoryKeeper
 
 from .fakes import FakeAgent, Harness, make_harness
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentenv.runtime.metricshistory import MetricsHistory
+from agentenv.runtime.memory.metricshistory import MetricsHistory
 
 
 def _sample(ts: int, used: int = 1) -> dict[str, int]:

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.control.store import SandboxRecord
 from agentenv.errors import Conflict, Unavailable
 from agentenv.images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
-from agentenv.runtime import persist
-from agentenv.runtime.lifecycle import State
-from agentenv.runtime.manager import GuestLost
-from agentenv.runtime.persist import Uploads
-from agentenv.runtime.recovery import recover
-from agentenv.runtime.snapshots import SandboxSnapshots
+from agentenv.runtime.node.recovery import recover
+from agentenv.runtime.sandboxes.manager import GuestLost
+from agentenv.runtime.snapshots import persist
+from agentenv.runtime.snapshots.named import SandboxSnapshots
+from agentenv.runtime.snapshots.persist import Uploads
+from agentenv.state.lifecycle import State
+from agentenv.state.sandboxes import SandboxRecord
 from agentenv.storage.objectstore import ObjectStoreError
 from agentenv.vmm import guestram
 from agentenv.vmm.driver import VmHandle, VmmError

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentenv.config import Config
-from agentenv.runtime.servedram import ServedRam
+from agentenv.runtime.snapshots.servedram import ServedRam
 from agentenv.storage.blockd import BlockdClient
 from agentenv.storage.filelayer import store_file
 from agentenv.storage.posix import PosixObjectStore

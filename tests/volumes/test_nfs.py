@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from agentenv.control.store import SandboxRecord
 from agentenv.errors import InvalidInput, NotFound
 from agentenv.net.plan import nfs_addresses, plan_network
-from agentenv.runtime.volumeexports import VolumeExports, guest_mounts, resolve_mounts
+from agentenv.runtime.machine.mounts import VolumeExports, guest_mounts, resolve_mounts
+from agentenv.state.sandboxes import SandboxRecord
 from agentenv.volumes.nfs import NfsExport, ganesha_config
 from agentenv.volumes.registry import VolumeRecord
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agentenv.control.store import SqlSandboxStore
 from agentenv.errors import Conflict, InvalidInput, NotFound, Unauthorized
+from agentenv.state.sandboxes import SqlSandboxStore
 from agentenv.volumes.registry import VolumeRegistry
 from agentenv.volumes.service import Volumes
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m aenv_agent --host 0.0.0.0 --port 49983 --rootfs /rootfs``."""
+"""Command line: ``python -m aenv_agent --host 0.0.0.0 --port PORT --rootfs /rootfs``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .server import serve
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aenv_agent", description=__doc__)
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    parser.add_argument("--port", type=int, default=49983, help="port to listen on")
+    parser.add_argument("--port", type=int, required=True, help="port to listen on (envd's)")
     parser.add_argument(
         "--rootfs", default="/", help="the user's root filesystem (processes are chrooted there)"
     )

@@ -1,0 +1,1 @@
+"""One sandbox's machine: boot snapshot, VM launch, guest configuration, network, mounts."""

@@ -1,0 +1,1 @@
+"""A node's start-up and loops: assembly, recovery, heartbeat, adoption, sweeper, memory."""

@@ -1,0 +1,266 @@
+"""One machine's runtime: kit, accelerator, stores, block daemon, VMM driver, sandboxes.
+
+`Node.open` brings the parts up in dependency order and `close` takes them down in
+reverse; the API only receives the services it serves (`manager`, `catalog`, `builds`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from ipaddress import IPv4Address
+from pathlib import Path
+
+from ...config import Config
+from ...errors import NotFound, Unavailable
+from ...guest.kit import load_kit
+from ...images.builder import TemplateBuilds
+from ...images.buildfiles import BuildFiles
+from ...images.catalog import TemplateCatalog, base_in_store
+from ...images.pull import ImagePuller
+from ...images.registry import RegistryClient
+from ...images.snapshots import SnapshotRegistry
+from ...images.templates import TemplateRegistry
+from ...net.egressproxy import EgressProxy
+from ...net.netns import ensure_host_forwarding
+from ...observe.metrics import CACHE, CAPACITY_MB, DISK_MB, SANDBOXES, set_counts
+from ...state.lifecycle import State
+from ...state.nodes import NodeRegistry
+from ...state.sandboxes import SandboxRecord, SqlSandboxStore
+from ...storage.blockd import BlockdClient
+from ...storage.stores import open_object_store
+from ...vmm.accel import AccelChoice, choose_accel
+from ...vmm.qemu import QemuDriver, run_dir_for
+from ...volumes.nfs import NfsServer
+from ...volumes.registry import VolumeRegistry
+from ...volumes.service import Volumes
+from ..machine.bootsnap import BootSnapshots, Shape
+from ..machine.mounts import VolumeExports
+from ..memory.admission import committed_by
+from ..sandboxes.creation import CreateRequest, SandboxCreations
+from ..sandboxes.manager import SandboxManager, guest_kernel_args
+from ..sandboxes.warmpool import WarmPool
+from ..snapshots.fork import SandboxForks
+from ..snapshots.named import SandboxSnapshots
+from ..snapshots.pause import SandboxPauses
+from ..snapshots.persist import Uploads
+from ..snapshots.servedram import ServedRam
+from .buildhost import NodeBuildHost
+from .collect import Collector
+from .heartbeat import NodePresence
+from .memorykeeper import MemoryKeeper
+from .recovery import recover
+from .sweeper import run_sweeper
+
+log = logging.getLogger(__name__)
+
+# Seconds between sweeps for served RAM nothing links to any more.
+_RAM_SWEEP_INTERVAL = 30.0
+
+
+class Node:
+    """Made by `Node.open`, ended by `close`; the VMs and the block daemon outlive it."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        accelerator: AccelChoice,
+        manager: SandboxManager,
+        snapshots: SandboxSnapshots,
+        collector: Collector,
+        catalog: TemplateCatalog,
+        puller: ImagePuller,
+        builds: TemplateBuilds,
+        stack: contextlib.AsyncExitStack,
+        nodes: NodeRegistry,
+        volumes: Volumes,
+        warm_pool: WarmPool | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.nodes = nodes
+        self.accelerator = accelerator
+        self.manager = manager
+        self.forks = SandboxForks(manager)
+        self.creations = SandboxCreations(manager, warm_pool)
+        self.pauses = snapshots.pauses
+        self.snapshots = snapshots
+        self.collector = collector
+        self.blockd = collector.blockd
+        self.catalog = catalog
+        self.puller = puller
+        self.builds = builds
+        self.volumes = volumes
+        self.memory = MemoryKeeper(manager, self.pauses.pause)
+        builds.host = NodeBuildHost(self.create, snapshots)
+        self._stack = stack
+
+    @classmethod
+    async def open(cls, cfg: Config, upload_key: bytes | None = None) -> Node:
+        """The node's runtime; `upload_key` signs build-file upload URLs (`BuildFiles`)."""
+        stack = contextlib.AsyncExitStack()
+        try:
+            return await cls._open(cfg, stack, upload_key)
+        except BaseException:
+            await stack.aclose()
+            raise
+
+    @classmethod
+    async def _open(
+        cls, cfg: Config, stack: contextlib.AsyncExitStack, upload_key: bytes | None
+    ) -> Node:
+        kit = load_kit(cfg)
+        if kit is None:
+            raise Unavailable("the guest kit is not built: run `aenv kit build` (or `make run`)")
+        accel = await asyncio.to_thread(
+            choose_accel,
+            cfg.vmm.accel,
+            cfg.vmm.qemu_binary,
+            kit.kernel,
+            cfg.kit_dir,
+            cfg.vmm.kvm_probe_timeout,
+        )
+        log.info("accelerator: %s (%s)", accel.name, accel.reason)
+        objects = open_object_store(cfg)
+        templates = TemplateRegistry(objects)
+        blockd = BlockdClient(cfg)
+        await asyncio.to_thread(blockd.ensure_running)
+        catalog = TemplateCatalog(cfg, templates, blockd)
+        registry = RegistryClient(
+            docker_config=Path(cfg.registry.auth_file) if cfg.registry.auth_file else None,
+            insecure_registries=cfg.registry.insecure_hosts(),
+            mirrors=cfg.registry.mirror_map(),
+            platform=cfg.registry.platform,
+        )
+        stack.callback(registry.close)
+        puller = ImagePuller(
+            objects, registry, templates, cfg.home / "pull", cfg.sandbox.disk_size_mb * 2**20
+        )
+        store = await SqlSandboxStore.open(cfg.state_url, cfg.node_name)
+        stack.push_async_callback(store.close)
+        driver = QemuDriver(
+            cfg.vmm.qemu_binary,
+            accel.name,
+            run_dir_for(cfg.home),
+            merge_pages=cfg.sandbox.merge_identical_pages,
+            translation_buffer_mb=cfg.vmm.tcg_translation_buffer_mb,
+        )
+        boot_snapshots = None
+        if cfg.sandbox.boot_snapshots:
+            boot_snapshots = BootSnapshots(
+                cfg.kit_dir / "boot-snapshots",
+                kit,
+                driver,
+                guest_kernel_args(cfg),
+                accel.name,
+                cfg.sandbox.boot_timeout,
+            )
+            stack.push_async_callback(boot_snapshots.close)
+            boot_snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
+        manager = SandboxManager(cfg, store, driver, kit, catalog, boot_snapshots)
+        networks = manager.networks
+        egress_proxy = EgressProxy(manager.egress_rules_at, networks.egress, cfg.net.host_subnet)
+        proxy_ports = await egress_proxy.start()
+        stack.push_async_callback(egress_proxy.close)
+        # Before any namespace's rules are written: they send guests to these ports.
+        networks.egress = dataclasses.replace(networks.egress, proxy=proxy_ports)
+        await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix, proxy_ports)
+        volumes = Volumes(VolumeRegistry(store.engine), cfg.volumes_dir)
+        nfs = NfsServer(cfg)
+        # A crashed node's server goes; the recovery below starts a new one if a
+        # sandbox still mounts a volume.
+        await nfs.stop()
+        stack.push_async_callback(nfs.stop)
+        networks.egress = dataclasses.replace(networks.egress, nfs_server=IPv4Address(nfs.address))
+        networks.exports = VolumeExports(store, volumes, nfs, networks.plan)
+        await recover(manager)
+        uploads = Uploads(manager, objects)
+        stack.push_async_callback(uploads.close)
+        registry = SnapshotRegistry(objects)
+        served_ram = ServedRam(blockd, objects, [cfg.sandboxes_dir, cfg.home / "snapshots"])
+        pauses = SandboxPauses(manager, objects, served_ram)
+        snapshots = SandboxSnapshots(pauses, registry, catalog, uploads)
+        await snapshots.open()
+        scanner = asyncio.create_task(uploads.run())
+        stack.push_async_callback(_cancelled, scanner)
+        builds = TemplateBuilds(
+            cfg, catalog, puller, manager.capacity.max_vcpus, BuildFiles(objects, upload_key)
+        )
+        stack.push_async_callback(builds.close)
+        nodes = NodeRegistry(store.engine)
+        collector = Collector(objects, templates, registry, store, blockd, nodes)
+        pool = None
+        if cfg.sandbox.warm_pool > 0 and boot_snapshots is not None:
+            pool = WarmPool(manager, cfg.sandbox.warm_pool)
+            stack.push_async_callback(pool.close)
+            stack.push_async_callback(_cancelled, asyncio.create_task(pool.run()))
+        node = cls(
+            cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, nodes,
+            volumes, pool,
+        )  # fmt: skip
+        await node.volumes.sweep()
+        if base_in_store(cfg):
+            # Before the node takes work: its sandboxes start from the stored base.
+            try:
+                await asyncio.to_thread(catalog.shared_base)
+            except NotFound as exc:
+                log.warning("%s", exc)
+        tasks = [
+            run_sweeper(node.pauses),
+            collector.run_every(cfg.storage),
+            served_ram.run_every(_RAM_SWEEP_INTERVAL),
+            node.memory.run_every(cfg.sandbox.memory_sample_interval),
+        ]
+        if cfg.server.role == "node":
+            presence = NodePresence(nodes, manager, snapshots, blockd)
+            await presence.register()
+            tasks.append(presence.run(cfg.cluster.heartbeat_interval))
+        for task in tasks:
+            stack.push_async_callback(_cancelled, asyncio.create_task(task))
+        return node
+
+    async def create(
+        self,
+        request: CreateRequest,
+        template_of: Callable[[str], Awaitable[str]] | None = None,
+    ) -> SandboxRecord:
+        """A sandbox from the snapshot `request.template_id` names (a snapshot's id looks
+        like an image reference, so snapshots come first), else from that template;
+        `template_of` turns the name into a template first (an image it pulls)."""
+        snapshot = await asyncio.to_thread(self.snapshots.registry.lookup, request.template_id)
+        if snapshot is not None:
+            return await self.snapshots.create(snapshot, request)
+        if template_of is not None:
+            request.template_id = await template_of(request.template_id)
+        return await self.creations.create(request)
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def refresh_node_metrics(node: Node) -> None:
+    """The state gauges, read from their sources as a scrape asks for them."""
+    manager = node.manager
+    records = await manager.store.list()
+    counts: dict[str, int] = {}
+    for record in records:
+        counts[record.state.value] = counts.get(record.state.value, 0) + 1
+    set_counts(SANDBOXES, counts, tuple(state.value for state in State))
+    committed = committed_by(records)
+    CAPACITY_MB.labels("total").set(manager.capacity.memory_mb)
+    CAPACITY_MB.labels("committed").set(sum(d.memory_mb for d in committed))
+    CAPACITY_MB.labels("held").set(node.memory.held_mb())
+    DISK_MB.labels("total").set(manager.capacity.disk_mb)
+    DISK_MB.labels("committed").set(sum(d.disk_mb for d in committed))
+    stats = await asyncio.to_thread(node.blockd.try_stats)
+    cache = (stats or {}).get("cache") or {}
+    for kind in ("hits", "misses", "fetched_bytes", "bytes_used", "entries", "evictions"):
+        CACHE.labels(kind).set(cache.get(kind, 0))

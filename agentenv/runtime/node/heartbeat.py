@@ -1,0 +1,77 @@
+"""A node in a cluster: registered in the state store at start, then a heartbeat with
+what it holds every few seconds. A node the control plane declared lost stops itself:
+its sandboxes may already run elsewhere, and a restart reclaims what it still holds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable
+
+from ...state.lifecycle import PUBLIC_STATE
+from ...state.nodes import LOST, NodeCapacity, NodeRegistry
+from ...storage.blockd import BlockdClient
+from ..memory.admission import committed_by
+from ..sandboxes.manager import SandboxManager
+from ..snapshots.named import SandboxSnapshots
+from .handoff import release_moved
+
+log = logging.getLogger(__name__)
+
+
+class NodePresence:
+    """This node's row in the `nodes` table."""
+
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        manager: SandboxManager,
+        snapshots: SandboxSnapshots,
+        blockd: BlockdClient,
+        stop: Callable[[], None] | None = None,
+    ) -> None:
+        self.registry = registry
+        self.manager = manager
+        self.snapshots = snapshots
+        self.blockd = blockd
+        self.name = manager.cfg.node_name
+        self._stop = stop or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+    async def capacity(self) -> NodeCapacity:
+        manager = self.manager
+        records = await manager.store.list()
+        committed = committed_by(records)
+        mounts = await asyncio.to_thread(self.blockd.status)
+        return NodeCapacity(
+            memory_mb=manager.capacity.memory_mb,
+            committed_memory_mb=sum(d.memory_mb for d in committed),
+            disk_mb=manager.capacity.disk_mb,
+            committed_disk_mb=sum(d.disk_mb for d in committed),
+            max_vcpus=manager.capacity.max_vcpus,
+            running=sum(PUBLIC_STATE[r.state] == "running" for r in records),
+            paused=sum(PUBLIC_STATE[r.state] == "paused" for r in records),
+            layers=[m["layers"][-1] for m in mounts.get("mounts", []) if m.get("layers")],
+            snapshots=await asyncio.to_thread(self.snapshots.local_ids),
+        )
+
+    async def register(self) -> None:
+        url = self.manager.cfg.advertise_url
+        await self.registry.register(self.name, url, await self.capacity())
+        log.info("node %s registered at %s", self.name, url)
+
+    async def run(self, interval: float) -> None:
+        """Heartbeat every `interval` seconds until cancelled, or until declared lost."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                state = await self.registry.heartbeat(self.name, await self.capacity())
+                await release_moved(self.manager)
+            except Exception:
+                log.exception("heartbeat of node %s failed", self.name)
+                continue
+            if state is None or state == LOST:
+                log.error("node %s was declared lost or removed: stopping", self.name)
+                self._stop()
+                return

@@ -1,0 +1,47 @@
+"""The TTL sweeper: expired sandboxes are killed (or paused), dead ones removed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from ...errors import Conflict, NotFound
+from ...state.lifecycle import EXPIRES
+from ...vmm.driver import VmHandle
+from ..sandboxes.manager import now
+from ..snapshots.pause import SandboxPauses
+
+log = logging.getLogger(__name__)
+
+
+async def sweep_once(pauses: SandboxPauses) -> None:
+    """Kill expired sandboxes (pause those created with autoPause); forget dead ones."""
+    manager = pauses.manager
+    for record in await manager.store.list():
+        if record.state not in EXPIRES:
+            continue
+        expired = record.end_at <= now()
+        handle = VmHandle.from_dict(record.vm) if record.vm is not None else None
+        dead = handle is not None and not manager.driver.is_alive(handle)
+        if handle is not None and not dead:
+            manager.driver.trim_log(handle)
+        if not (expired or dead):
+            continue
+        if dead:
+            log.warning("sandbox %s: VM exited on its own; removing it", record.sandbox_id)
+        with contextlib.suppress(NotFound, Conflict):
+            if record.auto_pause and not dead:
+                await pauses.pause(record.sandbox_id, memory=record.auto_pause_memory)
+            else:
+                await manager.kill(record.sandbox_id)
+
+
+async def run_sweeper(pauses: SandboxPauses, interval: float = 1.0) -> None:
+    """Sweep every `interval` seconds until cancelled; a failed pass is logged, not fatal."""
+    while True:
+        try:
+            await sweep_once(pauses)
+        except Exception:
+            log.exception("sweeper pass failed")
+        await asyncio.sleep(interval)

@@ -1,0 +1,1 @@
+"""The sandboxes of a node: the operation gate, creation, the warm pool."""

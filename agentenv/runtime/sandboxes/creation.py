@@ -1,0 +1,120 @@
+"""Creating a sandbox from a template: from a warm VM of the warm pool when one matches,
+else provisioned from nothing (disk, network, a VM restored from the boot snapshot or
+booted)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...crashpoints import crash_point
+from ...images.catalog import Template
+from ...state.sandboxes import SandboxRecord
+from ..machine.bootsnap import Shape
+from ..machine.cleanup import CleanupStack
+from ..machine.guestconfig import guest_config
+from .manager import SandboxManager
+from .warmpool import WarmPool
+
+
+@dataclass
+class CreateRequest:
+    template_id: str
+    timeout: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    auto_pause: bool = False
+    auto_pause_memory: bool = True
+    allow_internet: bool = True
+    secure: bool = False
+    pause_after_idle: int = 0
+    auto_resume: bool = False
+    # E2B's `network` option, checked (`net/rules.py`).
+    network: dict[str, Any] = field(default_factory=dict)
+    # Volumes to mount, checked: [{name, volumeID, path}] (`runtime/machine/mounts.py`).
+    volume_mounts: list[dict[str, str]] = field(default_factory=list)
+    # A size of its own (a template build's cpuCount and memoryMB); None: the template's.
+    vcpus: int | None = None
+    memory_mb: int | None = None
+
+
+async def requested_record(
+    manager: SandboxManager,
+    request: CreateRequest,
+    *,
+    template_id: str,
+    alias: str | None,
+    shape: Shape,
+    guest: dict[str, Any],
+    layers: dict[str, str] | None = None,
+    reserved: tuple[str, int] | None = None,
+) -> SandboxRecord:
+    """`manager.new_record` for a create request: its timeout, metadata, env vars and
+    options (from a template here, or from a snapshot)."""
+    return await manager.new_record(
+        template_id=template_id,
+        alias=alias,
+        timeout=manager.clamp_timeout(request.timeout),
+        vcpus=shape.vcpus,
+        memory_mb=shape.memory_mb,
+        metadata=request.metadata,
+        env_vars=request.env_vars,
+        guest=guest,
+        auto_pause=request.auto_pause,
+        auto_pause_memory=request.auto_pause_memory,
+        allow_internet=request.allow_internet,
+        secure=request.secure,
+        layers=layers,
+        reserved=reserved,
+        pause_after_idle=request.pause_after_idle,
+        auto_resume=request.auto_resume,
+        network=request.network,
+        volume_mounts=request.volume_mounts,
+    )
+
+
+class SandboxCreations:
+    """`create` for the sandboxes of one manager."""
+
+    def __init__(self, manager: SandboxManager, pool: WarmPool | None = None) -> None:
+        self.manager = manager
+        self.pool = pool
+
+    async def create(self, request: CreateRequest) -> SandboxRecord:
+        """Start a sandbox; on any failure every acquired resource is released again."""
+        manager = self.manager
+        template = await asyncio.to_thread(manager.catalog.resolve, request.template_id)
+        sandbox = manager.cfg.sandbox
+        shape = Shape(
+            request.vcpus or template.vcpus or sandbox.vcpus,
+            request.memory_mb or template.memory_mb or sandbox.memory_mb,
+        )
+        pool = self.pool
+        warm = pool.take(template.template_id, shape) if pool is not None else None
+        try:
+            record = await requested_record(
+                manager,
+                request,
+                template_id=template.template_id,
+                alias=template.alias,
+                shape=shape,
+                guest=guest_config(template),
+                reserved=(warm.sandbox_id, warm.slot) if warm is not None else None,
+            )
+        except BaseException:
+            if warm is not None:
+                await warm.resources.run()
+            raise
+        if pool is not None and warm is not None:
+            return await manager.bring_up(record, lambda c: pool.provision(record, warm, c))
+        return await manager.bring_up(record, lambda c: self._provision(record, template, c))
+
+    async def _provision(
+        self, record: SandboxRecord, template: Template, cleanup: CleanupStack
+    ) -> None:
+        manager = self.manager
+        await manager.make_disk(record, template, cleanup)
+        await manager.networks.make(record, cleanup)
+        crash_point("create.network")
+        await manager.start_fresh_guest(record, manager.kit, cleanup)

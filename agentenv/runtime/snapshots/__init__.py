@@ -1,0 +1,1 @@
+"""Saved sandboxes: pause and resume, checkpoints, forks, named snapshots, uploads, served RAM."""

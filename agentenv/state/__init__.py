@@ -1,0 +1,1 @@
+"""The state store: schema, migrations, sandbox and node records, and their state tables."""

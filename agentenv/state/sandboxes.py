@@ -1,0 +1,285 @@
+"""Sandbox state: the `SandboxStore` interface and its implementation on SQLAlchemy, for
+SQLite (one node) and PostgreSQL (many nodes and control replicas)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from .lifecycle import State
+from .schema import sandboxes
+
+
+@dataclass
+class SandboxRecord:
+    """One sandbox as persisted; `vm` is the driver's handle."""
+
+    sandbox_id: str
+    template_id: str
+    state: State
+    started_at: datetime
+    end_at: datetime
+    vcpus: int
+    memory_mb: int
+    disk_mb: int
+    slot: int
+    metadata: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    auto_pause: bool = False
+    allow_internet: bool = True
+    access_token: str | None = None
+    alias: str | None = None
+    vm: dict[str, Any] | None = None
+    # What a freshly started guest of this sandbox is given at /init (env, user, workdir):
+    # a filesystem-only resume or rollback cold-starts the guest on its disk.
+    guest: dict[str, Any] = field(default_factory=dict)
+    # A timeout's auto-pause keeps memory (True) or the filesystem only (False).
+    auto_pause_memory: bool = True
+    # What the last pause kept: "full" (memory and disk) or "filesystem"; None: running.
+    pause_mode: str | None = None
+    # The object store's layers of its files as last uploaded (file name -> layer id), the
+    # parents its next upload is diffed against; `stored`: they are its paused files now.
+    layers: dict[str, str] = field(default_factory=dict)
+    stored: bool = False
+    # The node that runs it or holds its paused files (set by that node's store).
+    node: str = ""
+    # Paused once its guest has been idle this long, in seconds (`runtime/node/memorykeeper.py`);
+    # 0: never.
+    pause_after_idle: int = 0
+    # Paused (by its timeout), it resumes when traffic for it reaches the proxy.
+    auto_resume: bool = False
+    # E2B's `network` option as given (`allowOut`, `denyOut`, `allowPublicTraffic`,
+    # `maskRequestHost`); `net/rules.py` reads its egress rules.
+    network: dict[str, Any] = field(default_factory=dict)
+    # With `allowPublicTraffic: false`: the token requests to its ports must carry.
+    traffic_token: str | None = None
+    # Volumes mounted into it: [{"name", "volumeID", "path"}] (`runtime/machine/mounts.py`).
+    volume_mounts: list[dict[str, str]] = field(default_factory=list)
+
+
+_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers", "network", "volume_mounts")
+_TIME_FIELDS = ("started_at", "end_at")
+_COLUMNS = [f.name for f in fields(SandboxRecord)]
+_MIGRATIONS = Path(__file__).with_name("migrations")
+_DRIVERS = {"sqlite:": "sqlite+aiosqlite:", "postgresql:": "postgresql+asyncpg:"}
+# Any number: every process migrating one PostgreSQL store takes this lock first.
+_MIGRATION_LOCK = 0x61656E76
+
+
+class SandboxStore(Protocol):
+    """What a node's runtime needs from state storage: its own records (`node`'s)."""
+
+    node: str
+
+    async def insert(self, record: SandboxRecord) -> None: ...
+    async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
+    async def list(self) -> list[SandboxRecord]: ...
+    async def list_all(self) -> list[SandboxRecord]: ...
+    async def get_any(self, sandbox_id: str) -> SandboxRecord | None: ...
+    async def owners(self, sandbox_ids: list[str]) -> dict[str, str]: ...
+    async def take_over(
+        self, record: SandboxRecord, slot: int, state: State, vm: dict[str, Any] | None
+    ) -> bool: ...
+    async def update(self, sandbox_id: str, **changes: Any) -> None: ...
+    async def delete(self, sandbox_id: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+def _to_row(values: dict[str, Any]) -> dict[str, Any]:
+    row = dict(values)
+    for name in _JSON_FIELDS:
+        if name in row:
+            row[name] = None if row[name] is None else json.dumps(row[name])
+    for name in _TIME_FIELDS:
+        if name in row:
+            row[name] = row[name].isoformat()
+    return row
+
+
+def _from_row(row: sa.Row[Any]) -> SandboxRecord:
+    values = dict(row._mapping)
+    for name in _JSON_FIELDS:
+        values[name] = None if values[name] is None else json.loads(values[name])
+    for name in _TIME_FIELDS:
+        values[name] = datetime.fromisoformat(values[name])
+    values["state"] = State(values["state"])
+    return SandboxRecord(**values)
+
+
+def engine_url(url: str) -> str:
+    """SQLAlchemy's asyncio URL for a `state.url` (`sqlite:///PATH`, `postgresql://…`)."""
+    for scheme, driver in _DRIVERS.items():
+        if url.startswith(scheme):
+            return driver + url.removeprefix(scheme)
+    raise ValueError(f"state.url {url!r}: use sqlite:///PATH or postgresql://…")
+
+
+def _migrate(connection: sa.Connection) -> None:
+    if connection.dialect.name == "postgresql":
+        # Replicas starting at once: one migrates, the others then find nothing to do.
+        connection.execute(sa.text(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})"))
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    command.upgrade(cfg, "head")
+
+
+async def open_engine(url: str) -> AsyncEngine:
+    """An engine on the store at `url`, its schema migrated to this version's."""
+    engine = create_async_engine(engine_url(url))
+    if engine.dialect.name == "sqlite":
+        if engine.url.database:
+            Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)
+        sa.event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    try:
+        async with _sqlite_file_lock(engine):
+            async with engine.begin() as connection:
+                await connection.run_sync(_migrate)
+    except BaseException:
+        await engine.dispose()
+        raise
+    return engine
+
+
+@contextlib.asynccontextmanager
+async def _sqlite_file_lock(engine: AsyncEngine) -> AsyncIterator[None]:
+    """For a SQLite file, processes opening it at once migrate it one after the other
+    (PostgreSQL has its advisory lock in `_migrate`)."""
+    if engine.dialect.name != "sqlite" or not engine.url.database:
+        yield
+        return
+    with open(engine.url.database + ".migrating", "a") as held:
+        await asyncio.to_thread(fcntl.flock, held, fcntl.LOCK_EX)
+        yield
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+class SqlSandboxStore:
+    """One node's records in a shared store; `list_all` sees every node's."""
+
+    def __init__(self, engine: AsyncEngine, node: str) -> None:
+        self.engine = engine
+        self.node = node
+
+    @classmethod
+    async def open(cls, url: str, node: str) -> SqlSandboxStore:
+        """Open (and migrate) the store; records no node owns yet (a store from before
+        nodes had names) become `node`'s."""
+        engine = await open_engine(url)
+        store = cls(engine, node)
+        async with engine.begin() as connection:
+            await connection.execute(
+                sa.update(sandboxes).where(sandboxes.c.node == "").values(node=node)
+            )
+        return store
+
+    def _mine(self, sandbox_id: str) -> sa.ColumnElement[bool]:
+        return sa.and_(sandboxes.c.sandbox_id == sandbox_id, sandboxes.c.node == self.node)
+
+    async def _rows(self, query: sa.Select[Any]) -> list[SandboxRecord]:
+        async with self.engine.connect() as connection:
+            return [_from_row(row) for row in await connection.execute(query)]
+
+    async def _write(self, statement: sa.Executable) -> None:
+        async with self.engine.begin() as connection:
+            await connection.execute(statement)
+
+    async def insert(self, record: SandboxRecord) -> None:
+        record.node = self.node
+        row = _to_row({name: getattr(record, name) for name in _COLUMNS})
+        await self._write(sa.insert(sandboxes).values(**row))
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        rows = await self._rows(sa.select(sandboxes).where(self._mine(sandbox_id)))
+        return rows[0] if rows else None
+
+    async def list(self) -> list[SandboxRecord]:
+        order = (sandboxes.c.started_at, sandboxes.c.sandbox_id)
+        return await self._rows(
+            sa.select(sandboxes).where(sandboxes.c.node == self.node).order_by(*order)
+        )
+
+    async def list_all(self) -> list[SandboxRecord]:
+        order = (sandboxes.c.started_at, sandboxes.c.sandbox_id)
+        return await self._rows(sa.select(sandboxes).order_by(*order))
+
+    async def get_any(self, sandbox_id: str) -> SandboxRecord | None:
+        """The record whichever node it belongs to."""
+        rows = await self._rows(sa.select(sandboxes).where(sandboxes.c.sandbox_id == sandbox_id))
+        return rows[0] if rows else None
+
+    async def owners(self, sandbox_ids: list[str]) -> dict[str, str]:
+        """The node of each of `sandbox_ids` that has a record."""
+        query = sa.select(sandboxes.c.sandbox_id, sandboxes.c.node).where(
+            sandboxes.c.sandbox_id.in_(sandbox_ids)
+        )
+        async with self.engine.connect() as connection:
+            return {row.sandbox_id: row.node for row in await connection.execute(query)}
+
+    async def take_over(
+        self, record: SandboxRecord, slot: int, state: State, vm: dict[str, Any] | None
+    ) -> bool:
+        """Make another node's record this node's, with a slot and a VM handle of this
+        node's, unless it changed meanwhile: only one node can take it."""
+        taken = await self._update_rows(
+            sa.update(sandboxes)
+            .where(
+                sandboxes.c.sandbox_id == record.sandbox_id,
+                sandboxes.c.node == record.node,
+                sandboxes.c.state == record.state.value,
+            )
+            .values(node=self.node, slot=slot, state=state.value, vm=_to_row({"vm": vm})["vm"])
+        )
+        if taken:
+            record.node, record.slot, record.state, record.vm = self.node, slot, state, vm
+        return taken
+
+    async def forget(self, record: SandboxRecord) -> bool:
+        """Delete another node's record, unless it changed meanwhile (the control plane
+        drops the sandboxes a lost node took with it)."""
+        return bool(
+            await self._update_rows(
+                sa.delete(sandboxes).where(
+                    sandboxes.c.sandbox_id == record.sandbox_id,
+                    sandboxes.c.node == record.node,
+                    sandboxes.c.state == record.state.value,
+                )
+            )
+        )
+
+    async def _update_rows(self, statement: sa.Update | sa.Delete) -> int:
+        async with self.engine.begin() as connection:
+            return (await connection.execute(statement)).rowcount
+
+    async def update(self, sandbox_id: str, **changes: Any) -> None:
+        unknown = set(changes) - set(_COLUMNS)
+        if unknown:
+            raise ValueError(f"unknown sandbox fields: {sorted(unknown)}")
+        await self._write(
+            sa.update(sandboxes).where(self._mine(sandbox_id)).values(**_to_row(changes))
+        )
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self._write(sa.delete(sandboxes).where(self._mine(sandbox_id)))
+
+    async def close(self) -> None:
+        await self.engine.dispose()

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.exc import IntegrityError
+
+from agentenv.state.sandboxes import SandboxRecord, SqlSandboxStore
+
+
+def _record(sandbox_id: str, slot: int) -> SandboxRecord:
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    return SandboxRecord(
+        sandbox_id=sandbox_id,
+        template_id="base",
+        state="creating",
+        started_at=start,
+        end_at=start + timedelta(seconds=300),
+        vcpus=1,
+        memory_mb=512,
+        disk_mb=4096,
+        slot=slot,
+        metadata={"k": "v"},
+        env_vars={"A": "1"},
+        access_token="tok",
+    )
+
+
+async def test_round_trip_update_delete_and_persistence(state_url: str) -> None:
+    store = await SqlSandboxStore.open(state_url, "n1")
+    await store.insert(_record("a", 0))
+    await store.insert(_record("b", 1))
+    await store.update("a", state="running", vm={"pid": 1}, allow_internet=False)
+    await store.close()
+
+    store = await SqlSandboxStore.open(state_url, "n1")
+    got = await store.get("a")
+    assert got is not None
+    assert got.state == "running"
+    assert got.vm == {"pid": 1}
+    assert got.allow_internet is False
+    assert got.metadata == {"k": "v"}
+    assert got.node == "n1"
+    assert got.started_at == datetime(2026, 1, 1, tzinfo=UTC)
+    await store.delete("a")
+    assert [r.sandbox_id for r in await store.list()] == ["b"]
+    assert await store.get("a") is None
+    await store.close()
+
+
+async def test_slots_are_unique_per_node_and_unknown_fields_refused(state_url: str) -> None:
+    store = await SqlSandboxStore.open(state_url, "n1")
+    await store.insert(_record("a", 0))
+    with pytest.raises(IntegrityError):
+        await store.insert(_record("b", 0))
+    with pytest.raises(ValueError, match="unknown sandbox fields"):
+        await store.update("a", colour="red")
+    await store.close()
+
+
+async def test_nodes_sharing_a_store_see_their_own_records(state_url: str) -> None:
+    """Two nodes open one store at once (both migrate it); each lists, changes and
+    deletes only its own records, while `list_all` sees everyone's."""
+    one, two = await asyncio.gather(
+        SqlSandboxStore.open(state_url, "n1"), SqlSandboxStore.open(state_url, "n2")
+    )
+    await asyncio.gather(*(one.insert(_record(f"a{i}", i)) for i in range(5)))
+    await asyncio.gather(*(two.insert(_record(f"b{i}", i)) for i in range(5)))
+    assert {r.sandbox_id for r in await one.list()} == {f"a{i}" for i in range(5)}
+    assert await two.get("a0") is None
+    await two.update("a0", state="running")
+    await two.delete("a1")
+    assert {r.sandbox_id for r in await one.list()} >= {"a0", "a1"}
+    assert (await one.get("a0")).state == "creating"  # type: ignore[union-attr]
+    assert len(await two.list_all()) == 10
+    await one.close()
+    await two.close()
+
+
+async def test_a_store_an_older_server_made_gains_the_new_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute(
+        "CREATE TABLE sandboxes (sandbox_id TEXT PRIMARY KEY, template_id TEXT NOT NULL,"
+        " state TEXT NOT NULL, started_at TEXT NOT NULL, end_at TEXT NOT NULL,"
+        " vcpus INTEGER NOT NULL, memory_mb INTEGER NOT NULL, disk_mb INTEGER NOT NULL,"
+        " slot INTEGER NOT NULL UNIQUE, metadata TEXT NOT NULL, env_vars TEXT NOT NULL,"
+        " auto_pause INTEGER NOT NULL, allow_internet INTEGER NOT NULL, access_token TEXT,"
+        " alias TEXT, vm TEXT)"
+    )
+    db.execute(
+        "INSERT INTO sandboxes VALUES ('old', 'base', 'paused', '2026-01-01T00:00:00+00:00',"
+        " '2026-01-01T00:05:00+00:00', 1, 512, 4096, 0, '{}', '{}', 0, 1, NULL, NULL, NULL)"
+    )
+    db.commit()
+    db.close()
+
+    store = await SqlSandboxStore.open(f"sqlite:///{tmp_path / 'state.db'}", "n1")
+    old = await store.get("old")
+    assert old is not None
+    assert (old.guest, old.auto_pause_memory, old.pause_mode) == ({}, True, None)
+    await store.update("old", pause_mode="filesystem", guest={"user": "user"})
+    changed = await store.get("old")
+    assert changed is not None
+    assert (changed.pause_mode, changed.guest) == ("filesystem", {"user": "user"})
+    await store.close()
