@@ -17,7 +17,7 @@ from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
 from agentenv.net.netns import TAP_NAME, create_detached_tap, destroy_network
 from agentenv.runtime.machine.bootsnap import DISK_BYTES, Shape, sandbox_vm, write_init_secret
-from agentenv.runtime.sandboxes.manager import guest_kernel_args
+from agentenv.runtime.sandboxes.machines import guest_kernel_args
 from agentenv.vmm.driver import VmHandle
 from agentenv.vmm.qemu import QemuDriver
 from agentenv.vmm.qemuimg import create_qcow2

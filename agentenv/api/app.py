@@ -16,7 +16,7 @@ from ..observe.logs import RequestIds
 from ..observe.metrics import CONTENT_TYPE, exposition
 from ..proxy.router import SandboxProxy
 from ..runtime.node.assembly import Node, refresh_node_metrics
-from ..runtime.sandboxes.manager import Route
+from ..runtime.sandboxes.routes import Route
 from . import (
     builds,
     sandboxes,
@@ -96,7 +96,7 @@ def create_app(cfg: Config) -> Any:
 
     def resolve(sandbox_id: str) -> Route | None:
         node: Node | None = getattr(api.state, "node", None)
-        return node.manager.route(sandbox_id) if node else None
+        return node.manager.routes.get(sandbox_id) if node else None
 
     async def wake(sandbox_id: str) -> Route | None:
         node: Node | None = getattr(api.state, "node", None)
@@ -104,6 +104,6 @@ def create_app(cfg: Config) -> Any:
 
     def routes() -> Iterable[tuple[str, Route]]:
         node: Node | None = getattr(api.state, "node", None)
-        return node.manager.routes() if node else ()
+        return node.manager.routes.items() if node else ()
 
     return RequestIds(SandboxProxy(api, resolve, cfg.server.domain, wake, routes))

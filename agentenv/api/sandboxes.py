@@ -22,7 +22,7 @@ from ..runtime.node.assembly import Node
 from ..runtime.node.memorykeeper import MIB
 from ..runtime.sandboxes.creation import CreateRequest
 from ..state.lifecycle import PUBLIC_STATE
-from ..state.sandboxes import SandboxRecord
+from ..state.sandboxes import SandboxOptions, SandboxRecord
 from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
 from .errors import ERROR_RESPONSES
 from .listing import CLIENT_ID, ListQuery, list_query, listed_fields, listed_page, running_listed
@@ -111,16 +111,18 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
     request = CreateRequest(
         template_id=body.templateID,
         timeout=cfg.sandbox.default_timeout if body.timeout is None else body.timeout,
-        metadata=body.metadata,
-        env_vars=body.envVars,
-        auto_pause=body.autoPause,
-        auto_pause_memory=body.autoPauseMemory,
-        allow_internet=body.allow_internet_access,
-        secure=secure,
-        pause_after_idle=body.pauseAfterIdle,
-        auto_resume=auto_resume,
-        network=network_option(body.network, body.allow_internet_access),
-        volume_mounts=await resolve_mounts(node.volumes, mounts),
+        options=SandboxOptions(
+            metadata=body.metadata,
+            env_vars=body.envVars,
+            auto_pause=body.autoPause,
+            auto_pause_memory=body.autoPauseMemory,
+            allow_internet=body.allow_internet_access,
+            secure=secure,
+            pause_after_idle=body.pauseAfterIdle,
+            auto_resume=auto_resume,
+            network=network_option(body.network, body.allow_internet_access),
+            volume_mounts=await resolve_mounts(node.volumes, mounts),
+        ),
     )
     record = await node.create(request, lambda name: _template_for(node, name))
     return sandbox_answer(record, public_domain(cfg))

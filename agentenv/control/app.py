@@ -30,7 +30,7 @@ from ..api.models import ListedSandbox, SandboxDetail
 from ..api.sandboxes import public_domain, sandbox_detail
 from ..api.volumes import CONTENT
 from ..config import Config
-from ..errors import Conflict, NotFound
+from ..errors import NotFound
 from ..observe.logs import RequestIds
 from ..observe.metrics import (
     CONTENT_TYPE,
@@ -45,7 +45,7 @@ from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
 from ..proxy.target import ROUTING_HEADERS, BadTarget
 from ..proxy.websocket import bridge_websocket
 from ..state.lifecycle import State
-from ..state.nodes import ACTIVE, DRAINING, LOST, NODE_STATES, NodeInfo
+from ..state.nodes import NodeEvent, NodeInfo, NodeState
 from ..state.sandboxes import open_engine
 from .plane import ControlPlane
 
@@ -101,7 +101,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
         nodes: dict[str, int] = {}
         for node in await plane.nodes.list():
             nodes[node.state] = nodes.get(node.state, 0) + 1
-        set_counts(NODES, nodes, NODE_STATES)
+        set_counts(NODES, nodes, tuple(NodeState))
         sandboxes: dict[str, int] = {}
         for record in await plane.sandboxes.list_all():
             sandboxes[record.state.value] = sandboxes.get(record.state.value, 0) + 1
@@ -117,25 +117,21 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
 
     @protected.post("/nodes/{name}/drain", status_code=204)
     async def drain_node(plane: Plane, name: str) -> Response:
-        if not await plane.nodes.set_state(name, DRAINING):
+        if await plane.nodes.fire(name, NodeEvent.DRAIN) is None:
             raise NotFound(f"node '{name}' not found")
         return Response(status_code=204)
 
     @protected.post("/nodes/{name}/activate", status_code=204)
     async def activate_node(plane: Plane, name: str) -> Response:
         """Undo a drain: the node takes new sandboxes again (a lost one has to restart)."""
-        node = await plane.nodes.get(name)
-        if node is None:
+        if await plane.nodes.fire(name, NodeEvent.ACTIVATE) is None:
             raise NotFound(f"node '{name}' not found")
-        if node.state == LOST:
-            raise Conflict(f"node '{name}' was lost: it rejoins when it starts again")
-        await plane.nodes.set_state(name, ACTIVE)
         return Response(status_code=204)
 
     @protected.delete("/nodes/{name}", status_code=204)
     async def remove_node(plane: Plane, name: str) -> Response:
         """Forget a node; its sandboxes are settled as a lost node's are."""
-        if not await plane.nodes.set_state(name, LOST):
+        if await plane.nodes.fire(name, NodeEvent.LOSE) is None:
             raise NotFound(f"node '{name}' not found")
         await plane.settle_lost_nodes()
         await plane.nodes.remove(name)
@@ -145,18 +141,15 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     async def list_sandboxes_v2(
         plane: Plane, response: Response, query: Annotated[ListQuery, Depends(list_query)]
     ) -> list[ListedSandbox]:
-        return listed_page(await plane.sandboxes.list_all(), response, query)
+        return listed_page(await plane.visible_sandboxes(), response, query)
 
     @protected.get("/sandboxes")
     async def list_sandboxes_v1(plane: Plane, metadata: str | None = None) -> list[ListedSandbox]:
-        return running_listed(await plane.sandboxes.list_all(), metadata)
+        return running_listed(await plane.visible_sandboxes(), metadata)
 
     @protected.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
     async def get_sandbox(plane: Plane, sandbox_id: str) -> SandboxDetail:
-        record = await plane.sandboxes.get_any(sandbox_id)
-        if record is None:
-            raise NotFound(f"sandbox '{sandbox_id}' not found")
-        return sandbox_detail(record, public_domain(cfg))
+        return sandbox_detail(await plane.visible_sandbox(sandbox_id), public_domain(cfg))
 
     @protected.post("/sandboxes")
     @protected.post("/v2/sandboxes")

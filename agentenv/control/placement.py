@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..state.nodes import ACTIVE, NodeInfo
+from ..state.nodes import NodeInfo
 
 # A node holding the content is preferred while it is committed below this fraction of its
 # memory; past it, it competes on free memory like any other (a popular template would
@@ -41,7 +41,7 @@ def candidates(nodes: list[NodeInfo], wanted: Wanted, now: float, timeout: float
     fit = [
         n
         for n in nodes
-        if n.state == ACTIVE
+        if n.state.places
         and n.silent_for(now) < timeout
         and n.capacity.free_memory_mb >= wanted.memory_mb
     ]

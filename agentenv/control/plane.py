@@ -22,7 +22,7 @@ from ..errors import NotFound, Unavailable
 from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
 from ..state.lifecycle import Event, allows
-from ..state.nodes import ACTIVE, DRAINING, LOST, NodeInfo, NodeRegistry
+from ..state.nodes import NodeInfo, NodeRegistry
 from ..state.sandboxes import SandboxRecord, SqlSandboxStore
 from ..storage.objectstore import ObjectStoreError
 from ..storage.stores import open_object_store
@@ -53,13 +53,15 @@ class ControlPlane:
         now = time.time()
         timeout = self.cfg.cluster.node_timeout
         return [
-            n for n in await self.nodes.list() if n.state != LOST and n.silent_for(now) < timeout
+            n
+            for n in await self.nodes.list()
+            if n.state.holds_sandboxes and n.silent_for(now) < timeout
         ]
 
     async def any_node(self) -> NodeInfo:
         """The node that serves what is not a sandbox's (templates, builds, snapshots
         lists): the first live one by name, so a build's later calls find it again."""
-        live = [n for n in await self.live_nodes() if n.state == ACTIVE]
+        live = [n for n in await self.live_nodes() if n.state.places]
         if not live:
             raise Unavailable("no node is up")
         return live[0]
@@ -68,7 +70,7 @@ class ControlPlane:
         """The node that holds the sandbox, for its data plane: never moves it."""
         record = await self._record(sandbox_id)
         owner = await self.nodes.get(record.node)
-        if owner is None or owner.state == LOST:
+        if owner is None or not owner.state.holds_sandboxes:
             raise NotFound(f"sandbox '{sandbox_id}' is not running")
         return owner
 
@@ -78,11 +80,21 @@ class ControlPlane:
         record = await self._record(sandbox_id)
         owner = await self.nodes.get(record.node)
         movable = record.stored and allows(record.state, Event.ADOPT)
-        if owner is not None and owner.state == ACTIVE:
+        if owner is not None and owner.state.keeps_movable:
             return owner
-        if owner is not None and owner.state == DRAINING and not movable:
-            return owner  # it finishes there
+        if owner is not None and owner.state.holds_sandboxes and not movable:
+            return owner  # it finishes there (a draining node)
         return await self._move(record, headers)
+
+    async def visible_sandboxes(self) -> list[SandboxRecord]:
+        """Every node's sandboxes as their users see them: one being killed is gone."""
+        return [r for r in await self.sandboxes.list_all() if r.state.visible]
+
+    async def visible_sandbox(self, sandbox_id: str) -> SandboxRecord:
+        record = await self._record(sandbox_id)
+        if not record.state.visible:
+            raise NotFound(f"sandbox '{sandbox_id}' not found")
+        return record
 
     async def _record(self, sandbox_id: str) -> SandboxRecord:
         record = await self.sandboxes.get_any(sandbox_id)
@@ -188,7 +200,7 @@ class ControlPlane:
             log.warning(
                 "node %s is lost: it did not heartbeat for %ss", name, self.cfg.cluster.node_timeout
             )
-        lost = {n.name for n in await self.nodes.list() if n.state == LOST}
+        lost = {n.name for n in await self.nodes.list() if not n.state.holds_sandboxes}
         for record in await self.sandboxes.list_all():
             if record.node not in lost:
                 continue

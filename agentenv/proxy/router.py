@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from yarl import URL
 
-from ..runtime.sandboxes.manager import Route
+from ..runtime.sandboxes.routes import Route
 from ..wire import ACCESS_TOKEN_HEADER, ENVD_PORT, TRAFFIC_TOKEN_HEADER
 from .signedurl import signer_target
 from .stream import (

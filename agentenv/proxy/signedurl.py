@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from yarl import URL
 
 from ..guest.agent.signing import READ, WRITE, signed_by
-from ..runtime.sandboxes.manager import Route
+from ..runtime.sandboxes.routes import Route
 from ..wire import ENVD_PORT
 from .target import Target
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import httpx
 
-from ..runtime.sandboxes.manager import Route
+from ..runtime.sandboxes.routes import Route
 
 
 class UpstreamClients:

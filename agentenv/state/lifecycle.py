@@ -27,6 +27,34 @@ class State(StrEnum):
     ROLLING_BACK = "rolling_back"
     KILLING = "killing"
 
+    # The questions the rest of the code asks of a state; the sets below answer them.
+    @property
+    def runs(self) -> bool:
+        """Its guest runs with no pause behind it; the proxy routes to it exactly now."""
+        return self in RUNS
+
+    @property
+    def visible(self) -> bool:
+        """Listed and found by id; a sandbox being killed is gone for its users."""
+        return self not in GOING
+
+    @property
+    def going(self) -> bool:
+        """Being killed: whatever ends in it is torn down."""
+        return self in GOING
+
+    @property
+    def holds_memory(self) -> bool:
+        return self in HOLDS_MEMORY
+
+    @property
+    def at_rest(self) -> bool:
+        return self in AT_REST
+
+    @property
+    def expires(self) -> bool:
+        return self in EXPIRES
+
 
 class Event(StrEnum):
     PAUSE = "pause"
@@ -89,6 +117,10 @@ TRANSIENT = frozenset(
         State.ROLLING_BACK,
     }
 )
+
+RUNS = frozenset({State.RUNNING})
+
+GOING = frozenset({State.KILLING})
 
 # States whose VM holds host memory (admission counts them); paused ones hold disk only.
 HOLDS_MEMORY = frozenset(set(State) - {State.PAUSED, State.COPYING, State.KILLING})

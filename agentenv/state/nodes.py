@@ -7,19 +7,79 @@ import functools
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ..errors import Conflict
 from .schema import nodes
 
-ACTIVE = "active"
-# No new placements; its paused sandboxes move on their next resume.
-DRAINING = "draining"
-# Silent past the timeout (or removed by hand while down): its sandboxes are not its own.
-LOST = "lost"
-NODE_STATES = (ACTIVE, DRAINING, LOST)
+
+class NodeState(StrEnum):
+    ACTIVE = "active"
+    # No new placements; its paused sandboxes move on their next resume.
+    DRAINING = "draining"
+    # Silent past the timeout (or removed by hand while down): its sandboxes are not its own.
+    LOST = "lost"
+
+    # The questions the control plane and the nodes ask of a node's state.
+    @property
+    def places(self) -> bool:
+        """New sandboxes (and what is not a sandbox's: builds, templates) go to it."""
+        return self in PLACES
+
+    @property
+    def keeps_movable(self) -> bool:
+        """Its sandboxes at rest in the object store stay its own: no other node adopts them."""
+        return self in KEEPS_MOVABLE
+
+    @property
+    def holds_sandboxes(self) -> bool:
+        """It still runs or holds its sandboxes (what cannot move finishes there); its
+        heartbeats count and its layers are in use."""
+        return self in HOLDS_SANDBOXES
+
+
+class NodeEvent(StrEnum):
+    # A node starting: active again, whatever it was.
+    REGISTER = "register"
+    DRAIN = "drain"
+    # A drain undone.
+    ACTIVATE = "activate"
+    # Silent past the timeout, or removed by hand.
+    LOSE = "lose"
+
+
+# (state, event) -> next state. Anything absent is refused with `NodeTransitionError`.
+NODE_TRANSITIONS: dict[tuple[NodeState, NodeEvent], NodeState] = {
+    **{(state, NodeEvent.REGISTER): NodeState.ACTIVE for state in NodeState},
+    (NodeState.ACTIVE, NodeEvent.DRAIN): NodeState.DRAINING,
+    (NodeState.DRAINING, NodeEvent.DRAIN): NodeState.DRAINING,
+    (NodeState.ACTIVE, NodeEvent.ACTIVATE): NodeState.ACTIVE,
+    (NodeState.DRAINING, NodeEvent.ACTIVATE): NodeState.ACTIVE,
+    **{(state, NodeEvent.LOSE): NodeState.LOST for state in NodeState},
+}
+
+PLACES = frozenset({NodeState.ACTIVE})
+KEEPS_MOVABLE = frozenset({NodeState.ACTIVE})
+HOLDS_SANDBOXES = frozenset({NodeState.ACTIVE, NodeState.DRAINING})
+
+
+class NodeTransitionError(Conflict):
+    """An event the node's current state does not allow (HTTP 409)."""
+
+    def __init__(self, name: str, state: NodeState, event: NodeEvent) -> None:
+        rejoin = ": it rejoins when it starts again" if state is NodeState.LOST else ""
+        super().__init__(f"node '{name}' is {state.value}, it cannot {event.value}{rejoin}")
+
+
+def next_node_state(name: str, state: NodeState, event: NodeEvent) -> NodeState:
+    try:
+        return NODE_TRANSITIONS[(state, event)]
+    except KeyError:
+        raise NodeTransitionError(name, state, event) from None
 
 
 @dataclass
@@ -56,7 +116,7 @@ class NodeCapacity:
 class NodeInfo:
     name: str
     url: str
-    state: str
+    state: NodeState
     capacity: NodeCapacity
     heartbeat_at: float
     registered_at: float
@@ -69,7 +129,8 @@ def _info(row: sa.Row[Any]) -> NodeInfo:
     values = dict(row._mapping)
     known = set(NodeCapacity.__dataclass_fields__)
     reported = {k: v for k, v in json.loads(values.pop("capacity")).items() if k in known}
-    return NodeInfo(capacity=NodeCapacity(**reported), **values)
+    state = NodeState(values.pop("state"))
+    return NodeInfo(capacity=NodeCapacity(**reported), state=state, **values)
 
 
 class NodeRegistry:
@@ -83,25 +144,30 @@ class NodeRegistry:
         now = time.time()
         values = {"url": url, "capacity": json.dumps(asdict(capacity)), "heartbeat_at": now}
         async with self.engine.begin() as connection:
-            changed = await connection.execute(
-                sa.update(nodes).where(nodes.c.name == name).values(state=ACTIVE, **values)
-            )
-            if changed.rowcount == 0:
+            current = await connection.scalar(sa.select(nodes.c.state).where(nodes.c.name == name))
+            if current is None:
                 await connection.execute(
-                    sa.insert(nodes).values(name=name, state=ACTIVE, registered_at=now, **values)
+                    sa.insert(nodes).values(
+                        name=name, state=NodeState.ACTIVE, registered_at=now, **values
+                    )
                 )
+                return
+            state = next_node_state(name, NodeState(current), NodeEvent.REGISTER)
+            await connection.execute(
+                sa.update(nodes).where(nodes.c.name == name).values(state=state, **values)
+            )
 
-    async def heartbeat(self, name: str, capacity: NodeCapacity) -> str | None:
+    async def heartbeat(self, name: str, capacity: NodeCapacity) -> NodeState | None:
         """Report `capacity`; the node's state now (None: it was removed). A lost node is
         not revived by its heartbeat: it has to start again (`register`)."""
         async with self.engine.begin() as connection:
             await connection.execute(
                 sa.update(nodes)
-                .where(nodes.c.name == name, nodes.c.state != LOST)
+                .where(nodes.c.name == name, nodes.c.state.in_(HOLDS_SANDBOXES))
                 .values(capacity=json.dumps(asdict(capacity)), heartbeat_at=time.time())
             )
             state = await connection.scalar(sa.select(nodes.c.state).where(nodes.c.name == name))
-        return state
+        return None if state is None else NodeState(state)
 
     async def list(self) -> list[NodeInfo]:
         async with self.engine.connect() as connection:
@@ -113,15 +179,22 @@ class NodeRegistry:
             rows = list(await connection.execute(sa.select(nodes).where(nodes.c.name == name)))
         return _info(rows[0]) if rows else None
 
-    async def set_state(self, name: str, state: str) -> bool:
-        """Set a node's state; False when there is no such node."""
-        if state not in NODE_STATES:
-            raise ValueError(f"unknown node state {state!r}")
+    async def fire(self, name: str, event: NodeEvent) -> NodeState | None:
+        """Move a node by `event` as the table allows (409 if it does not); its new state,
+        None when there is no such node. The write is a compare-and-set on the state read."""
         async with self.engine.begin() as connection:
+            current = await connection.scalar(sa.select(nodes.c.state).where(nodes.c.name == name))
+            if current is None:
+                return None
+            state = next_node_state(name, NodeState(current), event)
             changed = await connection.execute(
-                sa.update(nodes).where(nodes.c.name == name).values(state=state)
+                sa.update(nodes)
+                .where(nodes.c.name == name, nodes.c.state == current)
+                .values(state=state)
             )
-        return changed.rowcount > 0
+        if changed.rowcount == 0:
+            raise Conflict(f"node '{name}' changed meanwhile; try again")
+        return state
 
     async def remove(self, name: str) -> bool:
         async with self.engine.begin() as connection:
@@ -131,11 +204,14 @@ class NodeRegistry:
     async def declare_lost(self, timeout: float) -> list[str]:
         """Mark every node silent for longer than `timeout` lost; their names."""
         deadline = time.time() - timeout
-        silent = sa.and_(nodes.c.state != LOST, nodes.c.heartbeat_at < deadline)
+        # Every state allows LOSE; a node already lost has nothing more to lose.
+        silent = sa.and_(nodes.c.state.in_(HOLDS_SANDBOXES), nodes.c.heartbeat_at < deadline)
         async with self.engine.begin() as connection:
             names = list(await connection.scalars(sa.select(nodes.c.name).where(silent)))
             if names:
                 await connection.execute(
-                    sa.update(nodes).where(silent, nodes.c.name.in_(names)).values(state=LOST)
+                    sa.update(nodes)
+                    .where(silent, nodes.c.name.in_(names))
+                    .values(state=NodeState.LOST)
                 )
         return names

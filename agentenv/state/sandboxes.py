@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import fcntl
 import json
 from collections.abc import AsyncIterator
@@ -20,6 +21,38 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .lifecycle import State
 from .schema import sandboxes
+
+# Pause modes, as E2B names them (`SandboxRecord.pause_mode`): memory and disk, or the disk.
+FULL = "full"
+FILESYSTEM = "filesystem"
+
+
+@dataclass
+class SandboxOptions:
+    """What a sandbox's creator chose, beyond its template and size; a fork inherits it."""
+
+    metadata: dict[str, str] = field(default_factory=dict)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    auto_pause: bool = False
+    auto_pause_memory: bool = True
+    allow_internet: bool = True
+    # With an envd access token (E2B's `secure`).
+    secure: bool = False
+    pause_after_idle: int = 0
+    auto_resume: bool = False
+    # E2B's `network` option, checked (`net/rules.py`).
+    network: dict[str, Any] = field(default_factory=dict)
+    # Volumes to mount, checked: [{name, volumeID, path}] (`runtime/machine/mounts.py`).
+    volume_mounts: list[dict[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, record: SandboxRecord) -> SandboxOptions:
+        kept = {name: copy.copy(getattr(record, name)) for name in _OPTION_FIELDS}
+        return cls(secure=record.access_token is not None, **kept)
+
+    def record_fields(self) -> dict[str, Any]:
+        """The record's fields these options set as they are (`secure` makes a token)."""
+        return {name: copy.copy(getattr(self, name)) for name in _OPTION_FIELDS}
 
 
 @dataclass
@@ -69,6 +102,8 @@ class SandboxRecord:
     volume_mounts: list[dict[str, str]] = field(default_factory=list)
 
 
+# Options a record keeps under the same name.
+_OPTION_FIELDS = tuple(f.name for f in fields(SandboxOptions) if f.name != "secure")
 _JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers", "network", "volume_mounts")
 _TIME_FIELDS = ("started_at", "end_at")
 _COLUMNS = [f.name for f in fields(SandboxRecord)]

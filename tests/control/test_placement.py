@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from agentenv.control.placement import Wanted, candidates
-from agentenv.state.nodes import ACTIVE, DRAINING, LOST, NodeCapacity, NodeInfo
+from agentenv.state.nodes import NodeCapacity, NodeInfo, NodeState
 
 NOW = 1000.0
 
 
-def node(name: str, free: int, state: str = ACTIVE, silent: float = 1.0, **held) -> NodeInfo:
+def node(
+    name: str, free: int, state: NodeState = NodeState.ACTIVE, silent: float = 1.0, **held
+) -> NodeInfo:
     capacity = NodeCapacity(memory_mb=4096, committed_memory_mb=4096 - free, **held)
     return NodeInfo(name, f"http://{name}", state, capacity, NOW - silent, 0.0)
 
@@ -20,8 +22,8 @@ def names(nodes: list[NodeInfo]) -> list[str]:
 def test_only_live_active_nodes_with_room_are_candidates() -> None:
     nodes = [
         node("full", 100),
-        node("draining", 4000, DRAINING),
-        node("lost", 4000, LOST),
+        node("draining", 4000, NodeState.DRAINING),
+        node("lost", 4000, NodeState.LOST),
         node("silent", 4000, silent=30),
         node("ok", 600),
     ]

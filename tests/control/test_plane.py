@@ -7,11 +7,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import pytest
 
 from agentenv.config import Config
 from agentenv.control.plane import ControlPlane
+from agentenv.errors import NotFound
 from agentenv.state.lifecycle import State
-from agentenv.state.nodes import LOST, NodeCapacity
+from agentenv.state.nodes import NodeCapacity, NodeEvent
 from agentenv.state.sandboxes import SandboxRecord, SqlSandboxStore, open_engine
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -38,7 +40,7 @@ async def test_moves_creates_and_lost_nodes(tmp_path: Path, state_url: str) -> N
         for name, free in (("n1", 4000), ("n2", 3000), ("n3", 2000), ("lost", 4000)):
             capacity = NodeCapacity(memory_mb=4096, committed_memory_mb=4096 - free)
             await plane.nodes.register(name, f"http://{name}", capacity)
-        await plane.nodes.set_state("lost", LOST)
+        await plane.nodes.fire("lost", NodeEvent.LOSE)
         on_lost = SqlSandboxStore(engine, "lost")
         for slot, (sandbox_id, state, stored) in enumerate(
             (("kept", State.PAUSED, True), ("gone", State.RUNNING, False))
@@ -63,4 +65,23 @@ async def test_moves_creates_and_lost_nodes(tmp_path: Path, state_url: str) -> N
         # What a lost node took with it is forgotten; its stored paused sandbox is not.
         await plane.settle_lost_nodes()
         assert {r.sandbox_id for r in await plane.sandboxes.list_all()} == {"kept"}
+    await engine.dispose()
+
+
+async def test_a_sandbox_being_killed_is_gone_for_users(tmp_path: Path, state_url: str) -> None:
+    """As on a node: list and get hide it while its node tears it down."""
+    cfg = Config()
+    cfg.paths.home = str(tmp_path)
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient() as client:
+        plane = ControlPlane(cfg, engine, client)
+        store = SqlSandboxStore(engine, "n1")
+        await store.insert(dataclasses.replace(BASE, sandbox_id="alive", state=State.RUNNING))
+        await store.insert(
+            dataclasses.replace(BASE, sandbox_id="dying", state=State.KILLING, slot=1)
+        )
+        assert [r.sandbox_id for r in await plane.visible_sandboxes()] == ["alive"]
+        assert (await plane.visible_sandbox("alive")).sandbox_id == "alive"
+        with pytest.raises(NotFound):
+            await plane.visible_sandbox("dying")
     await engine.dispose()

@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 
 from agentenv.guest.agent.signing import READ, WRITE, file_signature
 from agentenv.proxy.signedurl import signer_target
-from agentenv.runtime.sandboxes.manager import Route
+from agentenv.runtime.sandboxes.routes import Route
 from agentenv.wire import ENVD_PORT
 
 ROUTES = [

@@ -11,7 +11,7 @@ import pytest
 
 from agentenv.proxy.router import SandboxProxy, _token_ok
 from agentenv.proxy.target import Target
-from agentenv.runtime.sandboxes.manager import Route
+from agentenv.runtime.sandboxes.routes import Route
 
 TOKEN = "t0ken"
 ROUTE = Route(host="10.0.0.2", access_token=TOKEN)

@@ -15,6 +15,7 @@ from agentenv.config import Config
 from agentenv.guest.kit import Kit
 from agentenv.images.catalog import Template
 from agentenv.runtime.machine import network as network_module
+from agentenv.runtime.sandboxes import machines as machines_module
 from agentenv.runtime.sandboxes import manager as manager_module
 from agentenv.runtime.sandboxes.creation import CreateRequest, SandboxCreations
 from agentenv.runtime.sandboxes.manager import SandboxManager
@@ -43,13 +44,20 @@ class FakeDriver:
         self.frozen: set[int] = set()
         self.fail: dict[str, Exception] = {}
         self.gate: dict[str, asyncio.Event] = {}
+        # Set once an operation has reached its step (and waits at its gate, if any).
+        self.reached: dict[str, asyncio.Event] = {}
         self._pids = itertools.count(1000)
 
     async def _step(self, op: str) -> None:
+        self.reached.setdefault(op, asyncio.Event()).set()
         if op in self.gate:
             await self.gate[op].wait()
         if op in self.fail:
             raise self.fail[op]
+
+    async def held_at(self, op: str) -> None:
+        """Until an operation has reached `op`."""
+        await self.reached.setdefault(op, asyncio.Event()).wait()
 
     def _handle(self, spec: VmSpec) -> VmHandle:
         pid = next(self._pids)
@@ -218,7 +226,7 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
     monkeypatch.setattr(network_module, "destroy_network", destroy_network)
     monkeypatch.setattr(manager_module, "destroy_network", destroy_network)
     monkeypatch.setattr(network_module, "apply_policy", create_network)
-    monkeypatch.setattr(manager_module, "create_qcow2", create_qcow2)
+    monkeypatch.setattr(machines_module, "create_qcow2", create_qcow2)
     monkeypatch.setattr(persist_module, "set_backing", lambda *_: None)
     rootfs = tmp_path / "rootfs.ext4"
     rootfs.write_bytes(b"\0" * 4096)
@@ -227,16 +235,16 @@ async def make_harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Harne
     driver = FakeDriver()
     manager = SandboxManager(cfg, store, driver, kit, FakeCatalog(rootfs))  # type: ignore[arg-type]
     agent = FakeAgent()
-    monkeypatch.setattr(manager, "agent", lambda record: agent)
+    monkeypatch.setattr(manager.machines, "agent", lambda record: agent)
 
-    real_start = manager.launcher.start
+    real_start = manager.machines.launcher.start
 
     async def start(spec: VmSpec, agent_: Any, restorable: bool) -> VmHandle:
         handle = await real_start(spec, agent_, restorable)
         (spec.workdir / "memory").write_bytes(b"ram")
         return handle
 
-    monkeypatch.setattr(manager.launcher, "start", start)
+    monkeypatch.setattr(manager.machines.launcher, "start", start)
     objects = PosixObjectStore(tmp_path / "objects")
     ram = MaterializedRam(objects, tmp_path / "served-ram")
     return Harness(manager, SandboxPauses(manager, objects, ram), driver, agent, networks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from agentenv.errors import Conflict, NotFound
 from agentenv.runtime.node.adoption import adopt
 from agentenv.state.lifecycle import State
-from agentenv.state.nodes import DRAINING, LOST, NodeCapacity, NodeRegistry
+from agentenv.state.nodes import NodeCapacity, NodeEvent, NodeRegistry
 from agentenv.state.sandboxes import SqlSandboxStore
 
 from .fakes import Harness, make_harness
@@ -47,10 +48,10 @@ async def test_only_a_lost_nodes_stored_paused_sandbox_is_adopted(h: Harness) ->
 
     with pytest.raises(Conflict, match="which is up"):
         await adopt(h.manager, nodes, "paused-stored")
-    await nodes.set_state("n2", DRAINING)
+    await nodes.fire("n2", NodeEvent.DRAIN)
     record = await adopt(h.manager, nodes, "paused-stored")  # drained off
     assert record.node == "node-1"
-    await nodes.set_state("n2", LOST)
+    await nodes.fire("n2", NodeEvent.LOSE)
     for sandbox_id in ("copying-stored", "paused-stored"):
         record = await adopt(h.manager, nodes, sandbox_id)
         assert (record.node, record.state) == ("node-1", State.PAUSED)
@@ -64,3 +65,14 @@ async def test_only_a_lost_nodes_stored_paused_sandbox_is_adopted(h: Harness) ->
     with pytest.raises(NotFound):
         await adopt(h.manager, nodes, "nope")
     assert {r.sandbox_id for r in await other.list()} == {"paused-local", "running"}
+
+
+async def test_adoption_waits_for_the_sandboxs_lock(h: Harness) -> None:
+    """It writes the record's state, so it takes the lock every state write takes."""
+    nodes = NodeRegistry(h.manager.store.engine)
+    async with h.manager.gate.lock("held"):
+        adoption = asyncio.create_task(adopt(h.manager, nodes, "held"))
+        await asyncio.sleep(0.05)
+        assert not adoption.done()
+    with pytest.raises(NotFound):
+        await adoption

@@ -33,7 +33,7 @@ async def _sandboxes_idle_for(
     for seconds in idle:
         sandbox_id = await h.create()
         agents[sandbox_id] = FakeAgent(idle_seconds=seconds)
-    monkeypatch.setattr(h.manager, "agent", lambda record: agents[record.sandbox_id])
+    monkeypatch.setattr(h.manager.machines, "agent", lambda record: agents[record.sandbox_id])
     return agents
 
 

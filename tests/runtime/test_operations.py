@@ -16,6 +16,7 @@ from agentenv.errors import Conflict, Unavailable
 from agentenv.images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
 from agentenv.runtime.node.recovery import recover
 from agentenv.runtime.sandboxes.manager import GuestLost
+from agentenv.runtime.sandboxes.routes import RouteTable
 from agentenv.runtime.snapshots import persist
 from agentenv.runtime.snapshots.named import SandboxSnapshots
 from agentenv.runtime.snapshots.persist import Uploads
@@ -36,7 +37,7 @@ async def h(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Ha
 
 
 def gone(h: Harness, sandbox_id: str) -> bool:
-    workdir = h.manager.workdir(sandbox_id)
+    workdir = h.manager.machines.workdir(sandbox_id)
     return not workdir.exists() and not h.driver.alive and not h.networks
 
 
@@ -55,7 +56,7 @@ async def test_failed_pause_resumes_the_guest_and_keeps_it_running(h: Harness) -
     with pytest.raises(VmmError):
         await h.pauses.pause(sid)
     assert await h.state(sid) == "running"
-    assert h.manager.route(sid) is not None
+    assert h.manager.routes.get(sid) is not None
     assert h.driver.alive and not h.driver.frozen
 
 
@@ -63,7 +64,7 @@ async def test_kill_cancels_a_stuck_pause(h: Harness) -> None:
     sid = await h.create()
     h.driver.gate["pause"] = asyncio.Event()  # never set: the VMM hangs
     pausing = asyncio.create_task(h.pauses.pause(sid))
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(h.driver.held_at("pause"), 5)
     assert await h.state(sid) == "pausing"
     await asyncio.wait_for(h.manager.kill(sid), 5)
     with pytest.raises(Conflict, match="killed"):
@@ -75,7 +76,7 @@ async def test_kill_cancels_a_stuck_pause(h: Harness) -> None:
 async def test_kill_cancels_a_create_under_way(h: Harness) -> None:
     h.driver.gate["boot"] = asyncio.Event()
     creating = asyncio.create_task(h.create())
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(h.driver.held_at("boot"), 5)
     (record,) = await h.manager.store.list()
     assert record.state == State.CREATING
     await asyncio.wait_for(h.manager.kill(record.sandbox_id), 5)
@@ -92,7 +93,7 @@ async def test_resume_refused_before_the_guest_ran_stays_paused(h: Harness) -> N
     with pytest.raises(Unavailable, match="could not be resumed"):
         await h.pauses.resume(sid, 60)
     assert await h.state(sid) == "paused"
-    assert h.driver.saved_state_intact(h.manager.snapshot_dir(sid))
+    assert h.driver.saved_state_intact(h.manager.machines.snapshot_dir(sid))
     # Once the VMM is fine again, the very same state resumes.
     del h.driver.fail["load"]
     await h.pauses.resume(sid, 60)
@@ -110,14 +111,18 @@ async def test_resume_that_fails_after_the_guest_ran_kills_the_sandbox(h: Harnes
 
 
 async def test_concurrent_creates_are_admitted_one_at_a_time(h: Harness) -> None:
-    h.manager.capacity = type(h.manager.capacity)(memory_mb=300, disk_mb=10**9, max_vcpus=4)
+    h.manager.intake.capacity = type(h.manager.intake.capacity)(
+        memory_mb=300, disk_mb=10**9, max_vcpus=4
+    )
     results = await asyncio.gather(h.create(), h.create(), return_exceptions=True)
     assert sum(isinstance(r, str) for r in results) == 1
     assert sum(isinstance(r, Unavailable) for r in results) == 1
 
 
 async def test_resume_is_admitted_like_a_create(h: Harness) -> None:
-    h.manager.capacity = type(h.manager.capacity)(memory_mb=300, disk_mb=10**9, max_vcpus=4)
+    h.manager.intake.capacity = type(h.manager.intake.capacity)(
+        memory_mb=300, disk_mb=10**9, max_vcpus=4
+    )
     first = await h.create()
     await h.pauses.pause(first)
     await h.create()
@@ -135,7 +140,7 @@ async def crashed_in(h: Harness, state: State, *, saved: bool, alive: bool) -> s
     record = await h.manager.store.get(sid)
     assert record is not None and record.vm is not None
     handle = VmHandle.from_dict(record.vm)
-    snapshot = h.manager.snapshot_dir(sid)
+    snapshot = h.manager.machines.snapshot_dir(sid)
     if saved:
         snapshot.mkdir(exist_ok=True)
         (snapshot / "vmstate").write_text("device state")
@@ -144,7 +149,7 @@ async def crashed_in(h: Harness, state: State, *, saved: bool, alive: bool) -> s
     else:
         await h.driver.stop(handle)
     await h.manager.store.update(sid, state=state)
-    h.manager._routes.clear()
+    h.manager.routes = RouteTable()
     return sid
 
 
@@ -175,7 +180,7 @@ async def test_recovery_rule(
     (h.manager.cfg.home / "forks" / "dead-checkpoint").mkdir(parents=True)
     report = await recover(h.manager)
     assert await h.state(sid) == outcome
-    assert (h.manager.route(sid) is not None) == runs
+    assert (h.manager.routes.get(sid) is not None) == runs
     # A sandbox that runs is continued; a paused one holds no VMM; a gone one holds nothing.
     assert bool(h.driver.alive) == runs and not h.driver.frozen
     if outcome is None:
@@ -185,7 +190,7 @@ async def test_recovery_rule(
 
 async def test_filesystem_pause_keeps_the_disk_and_restarts_a_fresh_guest(h: Harness) -> None:
     sid = await h.create()
-    workdir = h.manager.workdir(sid)
+    workdir = h.manager.machines.workdir(sid)
     await h.pauses.pause(sid, memory=False)
     record = await h.manager.store.get(sid)
     assert record is not None and (record.state, record.pause_mode) == ("paused", "filesystem")
@@ -204,7 +209,7 @@ async def test_filesystem_pause_needs_an_answering_agent(h: Harness) -> None:
     h.agent.init_error = Unavailable("the sandbox's guest did not answer /sync: ReadTimeout")
     with pytest.raises(Unavailable):
         await h.pauses.pause(sid, memory=False)
-    assert await h.state(sid) == "running" and h.manager.route(sid) is not None
+    assert await h.state(sid) == "running" and h.manager.routes.get(sid) is not None
 
 
 async def test_recovery_of_a_filesystem_pause(h: Harness) -> None:
@@ -215,7 +220,7 @@ async def test_recovery_of_a_filesystem_pause(h: Harness) -> None:
     for sid in (running, stopped):
         await h.manager.store.update(sid, pause_mode="filesystem")
     await recover(h.manager)
-    assert await h.state(running) == "running" and h.manager.route(running) is not None
+    assert await h.state(running) == "running" and h.manager.routes.get(running) is not None
     assert await h.state(stopped) == "paused"
 
 
@@ -223,7 +228,7 @@ async def test_recovery_finishes_a_committed_rollback(h: Harness) -> None:
     """Staged files renamed into place are the commit: recovery stops the old VM, moves
     the snapshot's files in and leaves the sandbox paused at the snapshot."""
     sid = await crashed_in(h, State.ROLLING_BACK, saved=False, alive=True)
-    workdir = h.manager.workdir(sid)
+    workdir = h.manager.machines.workdir(sid)
     committed = workdir / "rollback"
     committed.mkdir()
     (committed / "memory").write_text("snapshot ram")
@@ -235,7 +240,7 @@ async def test_recovery_finishes_a_committed_rollback(h: Harness) -> None:
     assert not h.driver.alive
     assert (workdir / "memory").read_text() == "snapshot ram"
     assert (workdir / "rootfs.qcow2").read_text() == "snapshot disk"
-    assert (h.manager.snapshot_dir(sid) / "vmstate").read_text() == "device state"
+    assert (h.manager.machines.snapshot_dir(sid) / "vmstate").read_text() == "device state"
     assert not committed.exists()
 
 
@@ -243,7 +248,7 @@ async def test_a_rollback_to_a_base_the_sandbox_already_maps_moves_it_out(h: Har
     """A clone rolled back to a snapshot of the same base: both are links of one file,
     and renaming one link over another does nothing, so the saved state must not keep it."""
     sid = await crashed_in(h, State.ROLLING_BACK, saved=False, alive=True)
-    workdir = h.manager.workdir(sid)
+    workdir = h.manager.machines.workdir(sid)
     (workdir / "memory.base").write_text("boot snapshot ram")
     committed = workdir / "rollback"
     committed.mkdir()
@@ -252,7 +257,7 @@ async def test_a_rollback_to_a_base_the_sandbox_already_maps_moves_it_out(h: Har
     (committed / "vmstate").write_text("device state")
     (committed / "rollback.json").write_text('{"memory": true, "kit": "kit1"}')
     await recover(h.manager)
-    saved = h.manager.snapshot_dir(sid)
+    saved = h.manager.machines.snapshot_dir(sid)
     assert sorted(p.name for p in saved.iterdir()) == ["memory.delta", "vmstate"]
     assert (workdir / "memory.base").read_text() == "boot snapshot ram"
 
@@ -260,7 +265,7 @@ async def test_a_rollback_to_a_base_the_sandbox_already_maps_moves_it_out(h: Har
 async def test_an_uncommitted_rollback_leaves_the_sandbox_running(h: Harness) -> None:
     sid = await crashed_in(h, State.ROLLING_BACK, saved=False, alive=True)
     await recover(h.manager)
-    assert await h.state(sid) == "running" and h.manager.route(sid) is not None
+    assert await h.state(sid) == "running" and h.manager.routes.get(sid) is not None
 
 
 async def _stored(h: Harness, uploads: Uploads, sid: str) -> SandboxRecord:
@@ -278,7 +283,7 @@ async def test_a_stored_paused_sandbox_resumes_without_its_local_files(
     h: Harness, tmp_path: Path
 ) -> None:
     sid = await h.create()
-    workdir = h.manager.workdir(sid)
+    workdir = h.manager.machines.workdir(sid)
     (workdir / "memory").write_bytes(b"guest ram" * 1000)
     await h.pauses.pause(sid)
     uploads = Uploads(h.manager, h.pauses.objects)
@@ -286,7 +291,7 @@ async def test_a_stored_paused_sandbox_resumes_without_its_local_files(
     assert set(record.layers) == {"rootfs.qcow2", "memory", "state/vmstate"}
     # The node's copy goes (its home was lost); the record and the store remain.
     shutil.rmtree(workdir)
-    assert h.manager.saved_state_intact(record)
+    assert h.manager.machines.saved_state_intact(record)
     await h.pauses.resume(sid, 60)
     # The stored RAM is served as the base of a saved state with no pages of its own.
     assert (workdir / guestram.BASE).read_bytes() == b"guest ram" * 1000
@@ -361,7 +366,7 @@ async def test_a_snapshots_lineage_never_replaces_stored_paused_layers(h: Harnes
 async def test_snapshot_copies_fetched_before_the_host_rebooted_are_dropped(h: Harness) -> None:
     registry = SnapshotRegistry(h.pauses.objects)
     snapshots = SandboxSnapshots(
-        h.pauses, registry, h.manager.catalog, Uploads(h.manager, h.pauses.objects)
+        h.pauses, registry, h.manager.machines.catalog, Uploads(h.manager, h.pauses.objects)
     )
     records = []
     for boot in ("an-earlier-boot", Path("/proc/sys/kernel/random/boot_id").read_text().strip()):

@@ -59,3 +59,14 @@ def test_kill_is_allowed_from_every_state() -> None:
 
 def test_recovery_has_a_rule_for_every_state() -> None:
     assert set(RULES) == set(State)
+
+
+def test_the_table_answers_what_a_state_means() -> None:
+    assert [s for s in State if s.runs] == [State.RUNNING]
+    assert [s for s in State if not s.visible] == [State.KILLING]
+    assert [s for s in State if s.going] == [State.KILLING]
+    assert {s for s in State if not s.holds_memory} == {State.PAUSED, State.COPYING, State.KILLING}
+    assert [s for s in State if s.at_rest] == [State.PAUSED]
+    assert [s for s in State if s.expires] == [State.RUNNING]
+    # What users are shown of a state that runs is "running".
+    assert all(PUBLIC_STATE[s] == "running" for s in State if s.runs)

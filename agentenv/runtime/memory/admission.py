@@ -14,7 +14,6 @@ from pathlib import Path
 
 from ...config import SandboxConfig
 from ...errors import Unavailable
-from ...state.lifecycle import HOLDS_MEMORY
 from ...state.sandboxes import SandboxRecord
 
 
@@ -42,7 +41,7 @@ def demand_of(record: SandboxRecord) -> Demand:
 def committed_by(records: list[SandboxRecord]) -> list[Demand]:
     """What these sandbox records hold: paused ones hold disk but no memory."""
     return [
-        demand_of(r) if r.state in HOLDS_MEMORY else Demand(0, demand_of(r).disk_mb, 0)
+        demand_of(r) if r.state.holds_memory else Demand(0, demand_of(r).disk_mb, 0)
         for r in records
     ]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...errors import Conflict, NotFound
 from ...state.lifecycle import Event, next_state
-from ...state.nodes import ACTIVE, NodeRegistry
+from ...state.nodes import NodeRegistry
 from ...state.sandboxes import SandboxRecord
 from ..sandboxes.manager import SandboxManager
 
@@ -18,7 +18,15 @@ log = logging.getLogger(__name__)
 
 
 async def adopt(manager: SandboxManager, nodes: NodeRegistry, sandbox_id: str) -> SandboxRecord:
-    """The sandbox as this node's record, taken from its lost node if need be."""
+    """The sandbox as this node's record, taken from its lost node if need be; under the
+    sandbox's lock, as every state write is."""
+    async with manager.gate.lock(sandbox_id):
+        return await _take_over(manager, nodes, sandbox_id)
+
+
+async def _take_over(
+    manager: SandboxManager, nodes: NodeRegistry, sandbox_id: str
+) -> SandboxRecord:
     store = manager.store
     record = await store.get_any(sandbox_id)
     if record is None:
@@ -26,7 +34,7 @@ async def adopt(manager: SandboxManager, nodes: NodeRegistry, sandbox_id: str) -
     if record.node == store.node:
         return record
     owner = await nodes.get(record.node)
-    if owner is not None and owner.state == ACTIVE:
+    if owner is not None and owner.state.keeps_movable:
         raise Conflict(f"sandbox '{sandbox_id}' belongs to node '{record.node}', which is up")
     if not record.stored:
         raise NotFound(
@@ -35,12 +43,12 @@ async def adopt(manager: SandboxManager, nodes: NodeRegistry, sandbox_id: str) -
         )
     record_node = record.node
     state = next_state(record.state, Event.ADOPT)
-    slot = await manager.hold_slot()
+    slot = await manager.intake.hold_slot()
     try:
         if not await store.take_over(record, slot, state, _no_process(manager, record)):
             raise Conflict(f"sandbox '{sandbox_id}' changed while being adopted; try again")
     finally:
-        await manager.release_slot(slot)
+        await manager.intake.release_slot(slot)
     log.info("sandbox %s adopted from node %s", sandbox_id, record_node)
     return record
 
@@ -54,6 +62,6 @@ def _no_process(manager: SandboxManager, record: SandboxRecord) -> dict[str, Any
     return {
         **record.vm,
         "pid": 0,
-        "workdir": str(manager.workdir(record.sandbox_id)),
+        "workdir": str(manager.machines.workdir(record.sandbox_id)),
         "extra": {} if kit is None else {"kit": kit},
     }

@@ -41,7 +41,8 @@ from ..machine.bootsnap import BootSnapshots, Shape
 from ..machine.mounts import VolumeExports
 from ..memory.admission import committed_by
 from ..sandboxes.creation import CreateRequest, SandboxCreations
-from ..sandboxes.manager import SandboxManager, guest_kernel_args
+from ..sandboxes.machines import guest_kernel_args
+from ..sandboxes.manager import SandboxManager
 from ..sandboxes.warmpool import WarmPool
 from ..snapshots.fork import SandboxForks
 from ..snapshots.named import SandboxSnapshots
@@ -161,7 +162,9 @@ class Node:
             boot_snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
         manager = SandboxManager(cfg, store, driver, kit, catalog, boot_snapshots)
         networks = manager.networks
-        egress_proxy = EgressProxy(manager.egress_rules_at, networks.egress, cfg.net.host_subnet)
+        egress_proxy = EgressProxy(
+            manager.routes.egress_rules_at, networks.egress, cfg.net.host_subnet
+        )
         proxy_ports = await egress_proxy.start()
         stack.push_async_callback(egress_proxy.close)
         # Before any namespace's rules are written: they send guests to these ports.
@@ -186,7 +189,7 @@ class Node:
         scanner = asyncio.create_task(uploads.run())
         stack.push_async_callback(_cancelled, scanner)
         builds = TemplateBuilds(
-            cfg, catalog, puller, manager.capacity.max_vcpus, BuildFiles(objects, upload_key)
+            cfg, catalog, puller, manager.intake.capacity.max_vcpus, BuildFiles(objects, upload_key)
         )
         stack.push_async_callback(builds.close)
         nodes = NodeRegistry(store.engine)
@@ -255,10 +258,10 @@ async def refresh_node_metrics(node: Node) -> None:
         counts[record.state.value] = counts.get(record.state.value, 0) + 1
     set_counts(SANDBOXES, counts, tuple(state.value for state in State))
     committed = committed_by(records)
-    CAPACITY_MB.labels("total").set(manager.capacity.memory_mb)
+    CAPACITY_MB.labels("total").set(manager.intake.capacity.memory_mb)
     CAPACITY_MB.labels("committed").set(sum(d.memory_mb for d in committed))
     CAPACITY_MB.labels("held").set(node.memory.held_mb())
-    DISK_MB.labels("total").set(manager.capacity.disk_mb)
+    DISK_MB.labels("total").set(manager.intake.capacity.disk_mb)
     DISK_MB.labels("committed").set(sum(d.disk_mb for d in committed))
     stats = await asyncio.to_thread(node.blockd.try_stats)
     cache = (stats or {}).get("cache") or {}

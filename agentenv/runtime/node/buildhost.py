@@ -11,7 +11,7 @@ from ...images.buildsteps import StepState
 from ...images.catalog import BASE
 from ...images.snapshots import BUILD_CACHE, TEMPLATE, SnapshotRecord
 from ...images.stepbuild import cache_entry_name
-from ...state.sandboxes import SandboxRecord
+from ...state.sandboxes import SandboxOptions, SandboxRecord
 from ..sandboxes.creation import CreateRequest
 from ..snapshots.named import SandboxSnapshots
 
@@ -38,14 +38,14 @@ class NodeBuildHost:
         request = CreateRequest(
             template_id=parent,
             timeout=BUILD_SANDBOX_TIMEOUT,
-            metadata={BUILD_LABEL: parent},
+            options=SandboxOptions(metadata={BUILD_LABEL: parent}),
             vcpus=vcpus,
             memory_mb=memory_mb,
         )
         return (await self._create(request)).sandbox_id
 
     async def _agent(self, sandbox_id: str) -> AgentClient:
-        return self.manager.agent(await self.manager.get(sandbox_id))
+        return self.manager.machines.agent(await self.manager.get(sandbox_id))
 
     async def identity(self, parent: str) -> str:
         """What the parent's content is: a snapshot build, an image digest, base's version."""

@@ -10,7 +10,7 @@ import logging
 from ...config import StorageConfig
 from ...images.snapshots import SnapshotRegistry
 from ...images.templates import TemplateRegistry
-from ...state.nodes import LOST, NodeRegistry
+from ...state.nodes import NodeRegistry
 from ...state.sandboxes import SandboxStore
 from ...storage.blockd import BlockdClient
 from ...storage.gc import CollectReport, collect
@@ -57,7 +57,7 @@ class Collector:
             roots.update(mount.get("layers", []))
         nodes = asyncio.run_coroutine_threadsafe(self.nodes.list(), loop).result()
         for node in nodes:
-            if node.state != LOST:
+            if node.state.holds_sandboxes:
                 roots.update(node.capacity.layers)
         return roots
 

@@ -11,7 +11,7 @@ import signal
 from collections.abc import Callable
 
 from ...state.lifecycle import PUBLIC_STATE
-from ...state.nodes import LOST, NodeCapacity, NodeRegistry
+from ...state.nodes import NodeCapacity, NodeRegistry
 from ...storage.blockd import BlockdClient
 from ..memory.admission import committed_by
 from ..sandboxes.manager import SandboxManager
@@ -45,11 +45,11 @@ class NodePresence:
         committed = committed_by(records)
         mounts = await asyncio.to_thread(self.blockd.status)
         return NodeCapacity(
-            memory_mb=manager.capacity.memory_mb,
+            memory_mb=manager.intake.capacity.memory_mb,
             committed_memory_mb=sum(d.memory_mb for d in committed),
-            disk_mb=manager.capacity.disk_mb,
+            disk_mb=manager.intake.capacity.disk_mb,
             committed_disk_mb=sum(d.disk_mb for d in committed),
-            max_vcpus=manager.capacity.max_vcpus,
+            max_vcpus=manager.intake.capacity.max_vcpus,
             running=sum(PUBLIC_STATE[r.state] == "running" for r in records),
             paused=sum(PUBLIC_STATE[r.state] == "paused" for r in records),
             layers=[m["layers"][-1] for m in mounts.get("mounts", []) if m.get("layers")],
@@ -71,7 +71,7 @@ class NodePresence:
             except Exception:
                 log.exception("heartbeat of node %s failed", self.name)
                 continue
-            if state is None or state == LOST:
+            if state is None or not state.holds_sandboxes:
                 log.error("node %s was declared lost or removed: stopping", self.name)
                 self._stop()
                 return

@@ -108,7 +108,7 @@ class MemoryKeeper:
         """Refresh `latest` for every running sandbox (and forget the others)."""
         # Routed exactly while running (the lifecycle sets routes).
         records = await self.manager.store.list()
-        running = [r for r in records if r.vm and self.manager.route(r.sandbox_id) is not None]
+        running = [r for r in records if r.vm and self.manager.routes.get(r.sandbox_id) is not None]
         samples = await asyncio.gather(*(self._sample(r) for r in running))
         self.latest = {r.sandbox_id: s for r, s in zip(running, samples, strict=True) if s}
         SANDBOX_MEMORY.clear()
@@ -123,7 +123,7 @@ class MemoryKeeper:
             return None
         try:
             async with asyncio.timeout(_SAMPLE_TIMEOUT_S):
-                figures = await self.manager.agent(record).metrics()
+                figures = await self.manager.machines.agent(record).metrics()
             self.manager.metrics_history.record(record.sandbox_id, figures)
             return SandboxMemory(
                 record, host, int(figures["mem_used"]), float(figures["idle_seconds"])
@@ -149,7 +149,7 @@ class MemoryKeeper:
     async def _running(self, sandbox_id: str) -> SandboxRecord:
         record = await self.manager.get(sandbox_id)
         # Routed exactly while running (the lifecycle sets routes).
-        if self.manager.route(sandbox_id) is None or record.vm is None:
+        if self.manager.routes.get(sandbox_id) is None or record.vm is None:
             raise Conflict(f"sandbox '{sandbox_id}' is not running")
         return record
 
@@ -163,7 +163,7 @@ class MemoryKeeper:
     async def host_footprint(self, sandbox_id: str) -> Footprint | None:
         """What a running sandbox's VMM holds now; None unless it runs here."""
         record = await self.manager.get(sandbox_id)
-        if record.vm is None or self.manager.route(sandbox_id) is None:
+        if record.vm is None or self.manager.routes.get(sandbox_id) is None:
             return None
         return await asyncio.to_thread(footprint, VmHandle.from_dict(record.vm).pid)
 
@@ -197,11 +197,11 @@ class MemoryKeeper:
         )
         for sample in idle:
             sandbox_id = sample.record.sandbox_id
-            if self.manager.route(sandbox_id) is None:
+            if self.manager.routes.get(sandbox_id) is None:
                 continue  # paused or gone since the sample
             with contextlib.suppress(TimeoutError, Unavailable):
                 async with asyncio.timeout(_SAMPLE_TIMEOUT_S * 6):
-                    freed = await self.manager.agent(sample.record).reclaim()
+                    freed = await self.manager.machines.agent(sample.record).reclaim()
                     MEMORY_RELIEF.labels("reclaim").inc()
                     log.info("memory pressure: %s gave back %d MiB", sandbox_id, freed >> 20)
         if not self.cfg.pause_under_pressure:

@@ -17,9 +17,9 @@ from enum import Enum
 from ...errors import Unavailable
 from ...net.netns import destroy_network, list_namespaces
 from ...state.lifecycle import Event, State
-from ...state.sandboxes import SandboxRecord
+from ...state.sandboxes import FILESYSTEM, SandboxRecord
 from ...vmm.driver import VmHandle, VmmError
-from ..sandboxes.manager import FILESYSTEM, SandboxManager
+from ..sandboxes.manager import SandboxManager
 from ..snapshots.named import finish_rollback
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ async def _resuming(found: _Found) -> Outcome:
     outcome = await found.run_vm()
     # The clock stood still while it was paused; the dead server may not have set it.
     with contextlib.suppress(Unavailable):
-        agent = found.manager.agent(found.record)
+        agent = found.manager.machines.agent(found.record)
         await agent.init({}, found.record.access_token)
     return outcome
 
@@ -138,9 +138,8 @@ async def _rolling_back(found: _Found) -> Outcome:
 
 
 async def _unfinished(found: _Found) -> Outcome:
-    """A create, or a kill, that never finished: everything goes."""
-    if found.record.state == State.CREATING:
-        await found.manager.settle(found.record, Event.FAILED)
+    """A create, or a kill, that never finished: everything goes (killing again retries)."""
+    await found.manager.settle(found.record, Event.KILL)
     return await found.remove()
 
 
@@ -163,7 +162,7 @@ async def recover(manager: SandboxManager) -> RecoveryReport:
     root = manager.cfg.sandboxes_dir
     vms = manager.driver.running_vms(root)
     for record in await manager.store.list():
-        workdir = manager.workdir(record.sandbox_id)
+        workdir = manager.machines.workdir(record.sandbox_id)
         handle = VmHandle.from_dict(record.vm) if record.vm is not None else None
         pid = vms.get(workdir)
         if pid is not None and (handle is None or handle.pid != pid):
@@ -171,10 +170,11 @@ async def recover(manager: SandboxManager) -> RecoveryReport:
             await manager.driver.kill_pid(pid)
             handle = None
         alive = handle is not None and manager.driver.is_alive(handle)
-        saved = manager.saved_state_intact(record)
+        saved = manager.machines.saved_state_intact(record)
         found = _Found(manager, record, handle if alive else None, saved)
         try:
-            outcome = await RULES[record.state](found)
+            async with manager.gate.lock(record.sandbox_id):
+                outcome = await RULES[record.state](found)
             if outcome is not Outcome.GONE:
                 # A policy changed in config (or made by an older server) takes effect now.
                 await manager.networks.apply(record)
@@ -206,7 +206,11 @@ async def recover(manager: SandboxManager) -> RecoveryReport:
     report.reclaimed["workdirs"] = len(stray_dirs)
 
     # No fork is under way before the server serves: every checkpoint is a dead one's.
-    forks = list(manager.forks_dir().iterdir()) if manager.forks_dir().exists() else []
+    forks = (
+        list(manager.machines.forks_dir().iterdir())
+        if manager.machines.forks_dir().exists()
+        else []
+    )
     for checkpoint in forks:
         await asyncio.to_thread(shutil.rmtree, checkpoint, True)
     report.reclaimed["checkpoints"] = len(forks)

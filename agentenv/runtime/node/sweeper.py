@@ -7,9 +7,8 @@ import contextlib
 import logging
 
 from ...errors import Conflict, NotFound
-from ...state.lifecycle import EXPIRES
 from ...vmm.driver import VmHandle
-from ..sandboxes.manager import now
+from ..sandboxes.intake import now
 from ..snapshots.pause import SandboxPauses
 
 log = logging.getLogger(__name__)
@@ -19,7 +18,7 @@ async def sweep_once(pauses: SandboxPauses) -> None:
     """Kill expired sandboxes (pause those created with autoPause); forget dead ones."""
     manager = pauses.manager
     for record in await manager.store.list():
-        if record.state not in EXPIRES:
+        if not record.state.expires:
             continue
         expired = record.end_at <= now()
         handle = VmHandle.from_dict(record.vm) if record.vm is not None else None

@@ -10,7 +10,7 @@ from typing import Any
 
 from ...crashpoints import crash_point
 from ...images.catalog import Template
-from ...state.sandboxes import SandboxRecord
+from ...state.sandboxes import SandboxOptions, SandboxRecord
 from ..machine.bootsnap import Shape
 from ..machine.cleanup import CleanupStack
 from ..machine.guestconfig import guest_config
@@ -20,20 +20,11 @@ from .warmpool import WarmPool
 
 @dataclass
 class CreateRequest:
+    """One create, whatever asked for it: the API, a template build, a snapshot's user."""
+
     template_id: str
     timeout: int
-    metadata: dict[str, str] = field(default_factory=dict)
-    env_vars: dict[str, str] = field(default_factory=dict)
-    auto_pause: bool = False
-    auto_pause_memory: bool = True
-    allow_internet: bool = True
-    secure: bool = False
-    pause_after_idle: int = 0
-    auto_resume: bool = False
-    # E2B's `network` option, checked (`net/rules.py`).
-    network: dict[str, Any] = field(default_factory=dict)
-    # Volumes to mount, checked: [{name, volumeID, path}] (`runtime/machine/mounts.py`).
-    volume_mounts: list[dict[str, str]] = field(default_factory=list)
+    options: SandboxOptions = field(default_factory=SandboxOptions)
     # A size of its own (a template build's cpuCount and memoryMB); None: the template's.
     vcpus: int | None = None
     memory_mb: int | None = None
@@ -50,27 +41,17 @@ async def requested_record(
     layers: dict[str, str] | None = None,
     reserved: tuple[str, int] | None = None,
 ) -> SandboxRecord:
-    """`manager.new_record` for a create request: its timeout, metadata, env vars and
-    options (from a template here, or from a snapshot)."""
-    return await manager.new_record(
+    """A new record for a create request, its timeout clamped (the sandbox from a template
+    here, or from a snapshot)."""
+    return await manager.intake.new_record(
         template_id=template_id,
         alias=alias,
-        timeout=manager.clamp_timeout(request.timeout),
-        vcpus=shape.vcpus,
-        memory_mb=shape.memory_mb,
-        metadata=request.metadata,
-        env_vars=request.env_vars,
+        timeout=manager.intake.clamp_timeout(request.timeout),
+        shape=shape,
         guest=guest,
-        auto_pause=request.auto_pause,
-        auto_pause_memory=request.auto_pause_memory,
-        allow_internet=request.allow_internet,
-        secure=request.secure,
+        options=request.options,
         layers=layers,
         reserved=reserved,
-        pause_after_idle=request.pause_after_idle,
-        auto_resume=request.auto_resume,
-        network=request.network,
-        volume_mounts=request.volume_mounts,
     )
 
 
@@ -84,7 +65,7 @@ class SandboxCreations:
     async def create(self, request: CreateRequest) -> SandboxRecord:
         """Start a sandbox; on any failure every acquired resource is released again."""
         manager = self.manager
-        template = await asyncio.to_thread(manager.catalog.resolve, request.template_id)
+        template = await asyncio.to_thread(manager.machines.catalog.resolve, request.template_id)
         sandbox = manager.cfg.sandbox
         shape = Shape(
             request.vcpus or template.vcpus or sandbox.vcpus,
@@ -114,7 +95,7 @@ class SandboxCreations:
         self, record: SandboxRecord, template: Template, cleanup: CleanupStack
     ) -> None:
         manager = self.manager
-        await manager.make_disk(record, template, cleanup)
+        await manager.machines.make_disk(record, template, cleanup)
         await manager.networks.make(record, cleanup)
         crash_point("create.network")
-        await manager.start_fresh_guest(record, manager.kit, cleanup)
+        await manager.machines.start_fresh_guest(record, manager.machines.kit, cleanup)

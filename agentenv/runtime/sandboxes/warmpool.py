@@ -23,7 +23,8 @@ from ..machine.bootsnap import Shape
 from ..machine.cleanup import CleanupStack
 from ..machine.guestconfig import guest_config
 from ..machine.network import egress_rules
-from .manager import SandboxManager, new_sandbox_id, now
+from .intake import new_sandbox_id, now
+from .manager import SandboxManager
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,11 @@ class WarmPool:
     def take(self, template_id: str, shape: Shape) -> WarmVm | None:
         """A warm VM for `template_id` and `shape` on today's kit, now the caller's."""
         for index, vm in enumerate(self._ready):
-            if (vm.template_id, vm.shape, vm.kit) == (template_id, shape, self.manager.kit):
+            if (vm.template_id, vm.shape, vm.kit) == (
+                template_id,
+                shape,
+                self.manager.machines.kit,
+            ):
                 return self._ready.pop(index)
         return None
 
@@ -76,17 +81,17 @@ class WarmPool:
     async def _add_one(self) -> bool:
         """Start one warm VM; False while there is no boot snapshot to start it from."""
         manager = self.manager
-        template = await asyncio.to_thread(manager.catalog.resolve, BASE)
+        template = await asyncio.to_thread(manager.machines.catalog.resolve, BASE)
         sandbox = manager.cfg.sandbox
         shape = Shape(template.vcpus or sandbox.vcpus, template.memory_mb or sandbox.memory_mb)
-        snapshots = manager.launcher.boot_snapshots
+        snapshots = manager.machines.launcher.boot_snapshots
         snapshot = snapshots.ready(shape) if snapshots is not None else None
         if snapshot is None:
             return False
         resources = CleanupStack("warm VM")
         try:
-            slot = await manager.hold_slot()
-            resources.push("slot", lambda: manager.release_slot(slot))
+            slot = await manager.intake.hold_slot()
+            resources.push("slot", lambda: manager.intake.release_slot(slot))
             # Never stored: it only names the resources a sandbox will take over.
             record = SandboxRecord(
                 sandbox_id=new_sandbox_id(),
@@ -100,10 +105,10 @@ class WarmPool:
                 slot=slot,
                 guest=guest_config(template),
             )
-            await manager.make_disk(record, template, resources)
+            await manager.machines.make_disk(record, template, resources)
             await manager.networks.make(record, resources)
-            kit = manager.kit
-            spec = manager.vm_spec(record, kit)
+            kit = manager.machines.kit
+            spec = manager.machines.vm_spec(record, kit)
             prepared = await manager.driver.prepare_restore(spec, snapshot)
             resources.push("vm", lambda: manager.driver.stop(prepared.handle))
         except BaseException:
@@ -119,15 +124,15 @@ class WarmPool:
         manager = self.manager
         cleanup.push("warm VM", vm.resources.run)
         # The stored record holds the network slot from here on.
-        await manager.release_slot(vm.slot)
+        await manager.intake.release_slot(vm.slot)
         if not egress_rules(record).unrestricted:
             await manager.networks.apply(record)
-        agent = manager.agent(record)
+        agent = manager.machines.agent(record)
         try:
-            handle = await manager.launcher.finish(
-                vm.prepared, agent, launched=lambda h: manager.save_vm(record, h, vm.kit)
+            handle = await manager.machines.launcher.finish(
+                vm.prepared, agent, launched=lambda h: manager.machines.save_vm(record, h, vm.kit)
             )
         except (VmmError, TimeoutError) as exc:
             raise VmmError(f"the warm VM did not start: {exc}") from exc
         cleanup.push("vm", lambda: manager.driver.stop(handle))
-        await manager.initialize_guest(record, agent)
+        await manager.machines.initialize_guest(record, agent)

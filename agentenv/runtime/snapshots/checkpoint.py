@@ -11,13 +11,13 @@ from pathlib import Path
 from ...crashpoints import crash_point
 from ...errors import Conflict, Unavailable
 from ...guest.kit import Kit
-from ...state.sandboxes import SandboxRecord
+from ...state.sandboxes import FILESYSTEM, SandboxRecord
 from ...vmm import guestram
 from ...vmm.driver import VmHandle, VmmError
 from ...vmm.qemuimg import copy_sparse
 from ..machine.cleanup import CleanupStack
 from ..machine.guestconfig import init_agent
-from ..sandboxes.manager import FILESYSTEM, SandboxManager
+from ..sandboxes.manager import SandboxManager
 
 DISK = "rootfs.qcow2"
 MEMORY = guestram.OWN
@@ -39,9 +39,9 @@ async def take_checkpoint(
     crash_point("checkpoint.begun")
     assert source.vm is not None
     handle = VmHandle.from_dict(source.vm)
-    workdir = manager.workdir(source.sandbox_id)
+    workdir = manager.machines.workdir(source.sandbox_id)
     if not memory:
-        await manager.flush_guest(source)
+        await manager.machines.flush_guest(source)
     dest.mkdir(parents=True)
     try:
         if memory:
@@ -68,13 +68,13 @@ async def copy_paused(
             f"sandbox '{source.sandbox_id}' was paused without its memory: "
             "snapshot it filesystem-only, or resume it first"
         )
-    if not manager.local_state_intact(source):
+    if not manager.machines.local_state_intact(source):
         raise Unavailable(
             f"sandbox '{source.sandbox_id}': its files are not on this node; resume it first"
         )
-    workdir = manager.workdir(source.sandbox_id)
+    workdir = manager.machines.workdir(source.sandbox_id)
     dest.mkdir(parents=True)
-    state_dir = manager.snapshot_dir(source.sandbox_id)
+    state_dir = manager.machines.snapshot_dir(source.sandbox_id)
     try:
         await asyncio.to_thread(_copy_files, workdir, state_dir, dest, memory)
         if memory:
@@ -95,19 +95,21 @@ async def provision_from_checkpoint(
 ) -> None:
     """Provision a new `record` from a checkpoint: its own copy of the disk, and the memory
     restored (or, for a filesystem-only one, a fresh guest on that disk)."""
-    workdir = manager.make_workdir(record, cleanup)
+    workdir = manager.machines.make_workdir(record, cleanup)
     await asyncio.to_thread(copy_sparse, checkpoint / DISK, workdir / DISK)
     await manager.networks.make(record, cleanup)
     if not guestram.holds_ram(checkpoint, checkpoint):
-        await manager.start_fresh_guest(record, kit, cleanup)
+        await manager.machines.start_fresh_guest(record, kit, cleanup)
         return
-    agent = manager.agent(record)
+    agent = manager.machines.agent(record)
     try:
-        handle = await manager.launcher.restore(manager.vm_spec(record, kit), agent, checkpoint)
+        handle = await manager.machines.launcher.restore(
+            manager.machines.vm_spec(record, kit), agent, checkpoint
+        )
     except (VmmError, TimeoutError) as exc:
         raise Unavailable(f"sandbox could not start from its checkpoint: {exc}") from exc
     cleanup.push("vm", lambda: manager.driver.stop(handle))
-    await manager.save_vm(record, handle, kit)
+    await manager.machines.save_vm(record, handle, kit)
     # A new clock reading, entropy of its own, its own access token and env vars; and
     # the defaults its template gives (a built template's final ENV, USER and WORKDIR).
     await init_agent(record, agent, manager.cfg.net.guest_gateway)

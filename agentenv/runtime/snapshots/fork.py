@@ -15,7 +15,8 @@ from pathlib import Path
 from ...crashpoints import crash_point
 from ...observe.metrics import timed
 from ...state.lifecycle import Event
-from ...state.sandboxes import SandboxRecord
+from ...state.sandboxes import SandboxOptions, SandboxRecord
+from ..machine.bootsnap import Shape
 from ..sandboxes.manager import SandboxManager
 from .checkpoint import provision_from_checkpoint, take_checkpoint
 
@@ -34,7 +35,7 @@ class SandboxForks:
         """Checkpoint a running sandbox in place (it keeps its id and expiry) and start
         `count` sandboxes from that one checkpoint; each fork succeeds or fails alone."""
         with timed("fork"):
-            checkpoint = self.manager.forks_dir() / secrets.token_hex(8)
+            checkpoint = self.manager.machines.forks_dir() / secrets.token_hex(8)
 
             async def freeze_and_copy(record: SandboxRecord) -> SandboxRecord:
                 await take_checkpoint(self.manager, record, checkpoint, memory=True)
@@ -44,7 +45,7 @@ class SandboxForks:
             try:
                 if timeout is None:
                     timeout = self.manager.cfg.sandbox.default_timeout
-                wanted = self.manager.clamp_timeout(timeout)
+                wanted = self.manager.intake.clamp_timeout(timeout)
                 forks = (self._fork_one(source, checkpoint, wanted) for _ in range(count))
                 results = await asyncio.gather(*forks, return_exceptions=True)
                 crash_point("fork.children")
@@ -62,25 +63,15 @@ class SandboxForks:
     async def _fork_one(
         self, source: SandboxRecord, checkpoint: Path, timeout: int
     ) -> SandboxRecord:
-        record = await self.manager.new_record(
+        record = await self.manager.intake.new_record(
             template_id=source.template_id,
             alias=source.alias,
             timeout=timeout,
-            vcpus=source.vcpus,
-            memory_mb=source.memory_mb,
-            metadata=dict(source.metadata),
-            env_vars=dict(source.env_vars),
+            shape=Shape(source.vcpus, source.memory_mb),
             guest=source.guest,
-            auto_pause=source.auto_pause,
-            auto_pause_memory=source.auto_pause_memory,
-            allow_internet=source.allow_internet,
-            secure=source.access_token is not None,
-            pause_after_idle=source.pause_after_idle,
-            auto_resume=source.auto_resume,
-            network=source.network,
-            volume_mounts=source.volume_mounts,
+            options=SandboxOptions.of(source),
         )
-        kit = self.manager.pinned_kit(source)
+        kit = self.manager.machines.pinned_kit(source)
         return await self.manager.bring_up(
             record,
             lambda cleanup: provision_from_checkpoint(

@@ -24,7 +24,7 @@ from ...images.snapshots import SNAPSHOT, SnapshotRecord, SnapshotRegistry, new_
 from ...images.templates import validate_name
 from ...observe.metrics import timed
 from ...state.lifecycle import Event, allows
-from ...state.sandboxes import SandboxRecord
+from ...state.sandboxes import FILESYSTEM, FULL, SandboxRecord
 from ...storage.objectstore import ObjectStoreError
 from ...vmm import guestram
 from ...vmm.driver import VmHandle, VmmError
@@ -32,7 +32,8 @@ from ...vmm.qemuimg import copy_sparse
 from ..machine.bootsnap import Shape
 from ..machine.guestconfig import DISK_TEMPLATE, disk_template
 from ..sandboxes.creation import CreateRequest, requested_record
-from ..sandboxes.manager import FILESYSTEM, FULL, SandboxManager, now
+from ..sandboxes.intake import now
+from ..sandboxes.manager import SandboxManager
 from .checkpoint import (
     DISK,
     MEMORY,
@@ -138,7 +139,7 @@ class SandboxSnapshots:
                     memory=memory,
                     vcpus=source.vcpus,
                     memory_mb=source.memory_mb,
-                    kit=self.manager.pinned_kit(source).version,
+                    kit=self.manager.machines.pinned_kit(source).version,
                     guest={
                         **source.guest,
                         "env": {**source.guest.get("env", {}), **source.env_vars},
@@ -238,9 +239,9 @@ class SandboxSnapshots:
         # The snapshot's disk is an overlay of its template's: that must be served.
         await asyncio.to_thread(self.catalog.resolve, snapshot.template_id)
         checkpoint = await self.local_files(snapshot)
-        kit = self.manager.kit
+        kit = self.manager.machines.kit
         if snapshot.memory:
-            kit = self.manager.kit_version(snapshot.kit)
+            kit = self.manager.machines.kit_version(snapshot.kit)
         record = await requested_record(
             self.manager,
             request,
@@ -272,11 +273,11 @@ class SandboxSnapshots:
         await asyncio.to_thread(self.catalog.resolve, snapshot.template_id)
         # Staged beside the sandbox's files before anything changes; a failure here
         # leaves the sandbox as it was.
-        staging = self.manager.workdir(sandbox_id) / f"rollback-{new_tag()}.partial"
+        staging = self.manager.machines.workdir(sandbox_id) / f"rollback-{new_tag()}.partial"
         await asyncio.to_thread(_stage, files, staging, snapshot)
 
         async def body(record: SandboxRecord) -> SandboxRecord:
-            staging.rename(self.manager.workdir(sandbox_id) / ROLLBACK_DIR)
+            staging.rename(self.manager.machines.workdir(sandbox_id) / ROLLBACK_DIR)
             crash_point("rollback.committed")
             await finish_rollback(self.manager, record)
             crash_point("rollback.applied")
@@ -349,7 +350,7 @@ async def finish_rollback(manager: SandboxManager, record: SandboxRecord) -> boo
     """Once a rollback is committed (its staged files renamed into the sandbox's directory),
     stop the old VM and put the snapshot's files in place; idempotent, so recovery can
     finish what a dead server began. False when no rollback was committed."""
-    workdir = manager.workdir(record.sandbox_id)
+    workdir = manager.machines.workdir(record.sandbox_id)
     committed = workdir / ROLLBACK_DIR
     if not committed.is_dir():
         return False
@@ -372,7 +373,7 @@ async def finish_rollback(manager: SandboxManager, record: SandboxRecord) -> boo
         _move_into_place,
         committed,
         workdir,
-        manager.snapshot_dir(record.sandbox_id),
+        manager.machines.snapshot_dir(record.sandbox_id),
         meta["memory"],
     )
     return True

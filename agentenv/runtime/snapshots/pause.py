@@ -16,14 +16,16 @@ import httpx
 from ...crashpoints import crash_point
 from ...errors import AenvError, NotFound, Unavailable
 from ...state.lifecycle import Event, allows
-from ...state.sandboxes import SandboxRecord
+from ...state.sandboxes import FILESYSTEM, FULL, SandboxRecord
 from ...storage.objectstore import ObjectStore, ObjectStoreError
 from ...vmm import guestram
 from ...vmm.driver import VmHandle, VmmError
 from ..machine.bootsnap import read_init_secret, write_init_secret
 from ..machine.cleanup import CleanupStack
 from ..machine.guestconfig import disk_template
-from ..sandboxes.manager import FILESYSTEM, FULL, GuestLost, Route, SandboxManager, now
+from ..sandboxes.intake import now
+from ..sandboxes.manager import GuestLost, SandboxManager
+from ..sandboxes.routes import Route
 from .persist import fetch_files
 from .servedram import RamServer
 
@@ -46,7 +48,7 @@ class SandboxPauses:
         the disk is kept (flushed by the guest first) and a resume starts a fresh guest."""
 
         async def body(record: SandboxRecord) -> None:
-            if require_healthy_guest and not await self.manager.agent(record).healthy():
+            if require_healthy_guest and not await self.manager.machines.agent(record).healthy():
                 raise Unavailable(f"sandbox '{sandbox_id}': its guest agent does not answer")
             await self._pause(record, FULL if memory else FILESYSTEM)
 
@@ -58,7 +60,7 @@ class SandboxPauses:
         assert record.vm is not None
         handle = VmHandle.from_dict(record.vm)
         if mode == FILESYSTEM:
-            await self.manager.flush_guest(record)
+            await self.manager.machines.flush_guest(record)
         # Recorded first: recovery reads from it what a whole pause must have kept.
         record.pause_mode = mode
         await self.manager.store.update(record.sandbox_id, pause_mode=mode)
@@ -68,7 +70,9 @@ class SandboxPauses:
             await asyncio.to_thread(self._drop_memory, record)
             return
         try:
-            await self.manager.driver.pause(handle, self.manager.snapshot_dir(record.sandbox_id))
+            await self.manager.driver.pause(
+                handle, self.manager.machines.snapshot_dir(record.sandbox_id)
+            )
         except BaseException:
             with contextlib.suppress(VmmError, OSError):
                 await self.manager.driver.resume(handle)
@@ -79,8 +83,8 @@ class SandboxPauses:
 
     def _drop_memory(self, record: SandboxRecord) -> None:
         """Forget a stopped guest's RAM and device state: only its disk is kept."""
-        shutil.rmtree(self.manager.snapshot_dir(record.sandbox_id), ignore_errors=True)
-        guestram.drop(self.manager.workdir(record.sandbox_id))
+        shutil.rmtree(self.manager.machines.snapshot_dir(record.sandbox_id), ignore_errors=True)
+        guestram.drop(self.manager.machines.workdir(record.sandbox_id))
 
     async def connect(
         self, sandbox_id: str, timeout: int, memory: bool = True
@@ -88,10 +92,12 @@ class SandboxPauses:
         """Resume a paused sandbox (True) or keep a running one (False); extends its life."""
         record = await self.manager.get(sandbox_id)
         if not allows(record.state, Event.RESUME):
-            async with self.manager.lock(sandbox_id):  # waits out an operation under way
+            async with self.manager.gate.lock(sandbox_id):  # waits out an operation under way
                 record = await self.manager.get(sandbox_id)
                 if not allows(record.state, Event.RESUME):
-                    wanted_end = now() + timedelta(seconds=self.manager.clamp_timeout(timeout))
+                    wanted_end = now() + timedelta(
+                        seconds=self.manager.intake.clamp_timeout(timeout)
+                    )
                     if wanted_end > record.end_at:
                         record.end_at = wanted_end
                         await self.manager.store.update(sandbox_id, end_at=wanted_end)
@@ -113,12 +119,12 @@ class SandboxPauses:
             log.warning("sandbox %s: traffic could not wake it: %s", sandbox_id, exc.message)
             return None
         log.info("sandbox %s woken by traffic", sandbox_id)
-        return self.manager.route(sandbox_id)
+        return self.manager.routes.get(sandbox_id)
 
     async def resume(self, sandbox_id: str, timeout: int, memory: bool = True) -> SandboxRecord:
         """A paused sandbox's guest continues where it stopped; 409 unless it is paused.
         Without `memory` (or after a filesystem-only pause) a fresh guest starts on its disk."""
-        wanted_end = now() + timedelta(seconds=self.manager.clamp_timeout(timeout))
+        wanted_end = now() + timedelta(seconds=self.manager.intake.clamp_timeout(timeout))
 
         async def restore(record: SandboxRecord) -> SandboxRecord:
             await self.wake(record, memory)
@@ -134,7 +140,7 @@ class SandboxPauses:
         """Run a paused sandbox again: its memory restored, or, without `memory` or after a
         filesystem-only pause, a fresh guest on its disk. Files this node does not hold
         are fetched from the object store first."""
-        if record.stored and not self.manager.local_state_intact(record):
+        if record.stored and not self.manager.machines.local_state_intact(record):
             await self._fetch(record)
         if record.stored:
             # The files change from here on: the stored layers become the next upload's parents.
@@ -147,20 +153,22 @@ class SandboxPauses:
             await self._restart_paused(record)
 
     async def _fetch(self, record: SandboxRecord) -> None:
-        workdir = self.manager.workdir(record.sandbox_id)
+        workdir = self.manager.machines.workdir(record.sandbox_id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         if read_init_secret(workdir) is None:
             write_init_secret(workdir)
         try:
             # Its disk sits on the template's image, served here too from now on.
-            template = await asyncio.to_thread(self.manager.catalog.resolve, disk_template(record))
+            template = await asyncio.to_thread(
+                self.manager.machines.catalog.resolve, disk_template(record)
+            )
             await asyncio.to_thread(
                 partial(
                     fetch_files,
                     self.objects,
                     record.layers,
                     workdir,
-                    self.manager.snapshot_dir(record.sandbox_id),
+                    self.manager.machines.snapshot_dir(record.sandbox_id),
                     # The sandbox's own files from now on, whatever happens to the host.
                     durable=True,
                     ram=self.ram,
@@ -182,13 +190,16 @@ class SandboxPauses:
         assert record.vm is not None
         # A VMM still there (paused in place by an older server) would hold the tap.
         await self.manager.driver.stop(VmHandle.from_dict(record.vm))
-        kit = self.manager.pinned_kit(record)
-        spec = self.manager.vm_spec(record, kit)
-        snapshot = self.manager.snapshot_dir(record.sandbox_id)
-        agent = self.manager.agent(record)
+        kit = self.manager.machines.pinned_kit(record)
+        spec = self.manager.machines.vm_spec(record, kit)
+        snapshot = self.manager.machines.snapshot_dir(record.sandbox_id)
+        agent = self.manager.machines.agent(record)
         try:
-            handle = await self.manager.launcher.restore(
-                spec, agent, snapshot, launched=lambda vm: self.manager.save_vm(record, vm, kit)
+            handle = await self.manager.machines.launcher.restore(
+                spec,
+                agent,
+                snapshot,
+                launched=lambda vm: self.manager.machines.save_vm(record, vm, kit),
             )
             crash_point("resume.restored")
             try:
@@ -218,7 +229,9 @@ class SandboxPauses:
         cleanup = CleanupStack(f"restart sandbox {record.sandbox_id}")
         try:
             # A fresh guest runs on today's kit: nothing of the old one is mounted.
-            await self.manager.start_fresh_guest(record, self.manager.kit, cleanup)
+            await self.manager.machines.start_fresh_guest(
+                record, self.manager.machines.kit, cleanup
+            )
         except BaseException as exc:
             await cleanup.run()
             if isinstance(exc, (VmmError, TimeoutError, httpx.HTTPError)):

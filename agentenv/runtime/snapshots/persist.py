@@ -20,15 +20,14 @@ from pathlib import Path
 from ...crashpoints import crash_point
 from ...images.catalog import Template
 from ...images.snapshots import SnapshotRecord
-from ...state.lifecycle import AT_REST
-from ...state.sandboxes import SandboxRecord
+from ...state.sandboxes import FILESYSTEM, SandboxRecord
 from ...storage.filelayer import load_chain, materialize, store_file
 from ...storage.gc import WriteLease
 from ...storage.layer import BLOCK_SIZE
 from ...storage.objectstore import ObjectStore
 from ...vmm import guestram
 from ...vmm.qemuimg import set_backing
-from ..sandboxes.manager import FILESYSTEM, SandboxManager
+from ..sandboxes.manager import SandboxManager
 from .checkpoint import DISK, MEMORY
 from .servedram import RamServer
 
@@ -156,14 +155,14 @@ class Uploads:
         """Start an upload for each paused sandbox whose files are not stored yet."""
         for record in await self.manager.store.list():
             key = record.sandbox_id
-            if record.state not in AT_REST or record.stored or key in self._busy:
+            if not record.state.at_rest or record.stored or key in self._busy:
                 continue
             if time.monotonic() < self._retry_at.get(key, 0.0):
                 continue
-            if not self.manager.local_state_intact(record):
+            if not self.manager.machines.local_state_intact(record):
                 continue
             self._busy.add(key)
-            task = self.manager.read_paused(key, self._upload_sandbox(record))
+            task = self.manager.gate.read_paused(key, self._upload_sandbox(record))
             task.add_done_callback(lambda t, key=key: self._finished(key, t))
             # `close` ends it too, before the state store it reports to is closed.
             self._tasks.add(task)
@@ -175,8 +174,8 @@ class Uploads:
             layers, written = await asyncio.to_thread(
                 upload_saved,
                 self.store,
-                manager.workdir(record.sandbox_id),
-                manager.snapshot_dir(record.sandbox_id),
+                manager.machines.workdir(record.sandbox_id),
+                manager.machines.snapshot_dir(record.sandbox_id),
                 record.pause_mode != FILESYSTEM,
                 record.layers,
             )

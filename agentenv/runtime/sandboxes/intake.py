@@ -1,0 +1,114 @@
+"""The intake of new sandboxes: admitted against the host's memory and disk, then stored in state
+`creating` with a network slot no other sandbox (or warm VM) holds."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import string
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ...config import Config
+from ...crashpoints import crash_point
+from ...errors import InvalidInput
+from ...state.lifecycle import State
+from ...state.sandboxes import SandboxOptions, SandboxRecord, SandboxStore
+from ..machine.bootsnap import Shape
+from ..machine.network import SandboxNetworks, traffic_token_for
+from ..memory.admission import Demand, admit, committed_by, demand_of, host_capacity
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_sandbox_id() -> str:
+    return "i" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(19))
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+class SandboxIntake:
+    """Admits new sandboxes one at a time: what is committed is read, then more committed."""
+
+    def __init__(self, cfg: Config, store: SandboxStore, networks: SandboxNetworks) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.networks = networks
+        self.capacity = host_capacity(cfg.sandbox, cfg.home)
+        self.lock = asyncio.Lock()
+        # Network slots held by VMs that are no sandbox yet (the warm pool's).
+        self._held_slots: set[int] = set()
+
+    def clamp_timeout(self, timeout: int) -> int:
+        if timeout < 0:
+            raise InvalidInput("timeout must not be negative")
+        return min(timeout, self.cfg.sandbox.max_timeout)
+
+    async def admit(self, demand: Demand, exclude: str | None = None) -> None:
+        """Refuse `demand` the host cannot hold beside every other sandbox (under `lock`)."""
+        records = [r for r in await self.store.list() if r.sandbox_id != exclude]
+        committed = committed_by(records)
+        await asyncio.to_thread(
+            admit, demand, committed, self.capacity, self.cfg.sandbox, self.cfg.home
+        )
+
+    async def new_record(
+        self,
+        *,
+        template_id: str,
+        alias: str | None,
+        timeout: int,
+        shape: Shape,
+        guest: dict[str, Any],
+        options: SandboxOptions,
+        layers: dict[str, str] | None = None,
+        reserved: tuple[str, int] | None = None,
+    ) -> SandboxRecord:
+        """Admit a sandbox and store its `creating` record with a free network slot (or
+        the `reserved` id and slot of a warm VM); `layers` are stored ones its files start
+        from (its first upload's parents)."""
+        started = now()
+        async with self.lock:
+            record = SandboxRecord(
+                sandbox_id=reserved[0] if reserved else new_sandbox_id(),
+                template_id=template_id,
+                alias=alias,
+                state=State.CREATING,
+                started_at=started,
+                end_at=started + timedelta(seconds=timeout),
+                vcpus=shape.vcpus,
+                memory_mb=shape.memory_mb,
+                disk_mb=self.cfg.sandbox.disk_size_mb,
+                slot=0,
+                guest=guest,
+                access_token=secrets.token_hex(16) if options.secure else None,
+                layers=dict(layers or {}),
+                traffic_token=traffic_token_for(options.network),
+                **options.record_fields(),
+            )
+            await self.admit(demand_of(record))
+            record.slot = reserved[1] if reserved else await self._free_slot()
+            await self.store.insert(record)
+        crash_point("create.recorded")
+        return record
+
+    async def _free_slot(self) -> int:
+        """A network slot no record and no warm VM holds (under the lock), and whose
+        interfaces are gone (a sandbox that moved to another node may still hold them for
+        a moment: `runtime/node/handoff.py`)."""
+        used = {r.slot for r in await self.store.list()} | self._held_slots
+        busy = self.networks.slot_busy
+        return next(i for i in itertools.count() if i not in used and not busy(i))
+
+    async def hold_slot(self) -> int:
+        """Hold a network slot for a VM that is no sandbox yet."""
+        async with self.lock:
+            slot = await self._free_slot()
+            self._held_slots.add(slot)
+            return slot
+
+    async def release_slot(self, slot: int) -> None:
+        self._held_slots.discard(slot)
