@@ -12,6 +12,8 @@ from fastapi import FastAPI
 
 from agentenv.api import sandboxes, snapshots
 from agentenv.api.errors import install_error_handlers
+from agentenv.config import Config
+from agentenv.errors import Conflict
 from agentenv.images.snapshots import SnapshotRegistry
 from agentenv.proxy.router import SandboxProxy
 from agentenv.runtime.sandboxes.creation import CreateRequest, SandboxCreations
@@ -95,6 +97,27 @@ async def test_an_object_store_failure_is_a_503_naming_the_store() -> None:
         "code": 503,
         "message": "the object store failed: list s3://bucket/snapshots/: connection refused",
     }
+
+
+class ForkingNode:
+    """What the fork route uses of a node: its config and forks, which all fail."""
+
+    def __init__(self) -> None:
+        self.cfg = Config()
+        self.forks = self
+
+    async def fork(self, sandbox_id: str, count: int, timeout: int | None) -> list[Exception]:
+        return [VmmError("restore: QEMU refused the state"), Conflict("killed"), KeyError("x")]
+
+
+async def test_each_failed_fork_has_the_body_an_answer_would_have() -> None:
+    async with client(api(ForkingNode())) as c:
+        answer = await c.post("/sandboxes/i1/fork", json={"count": 3})
+    assert answer.json() == [
+        {"error": {"code": 503, "message": "the VMM failed: restore: QEMU refused the state"}},
+        {"error": {"code": 409, "message": "killed"}},
+        {"error": {"code": 500, "message": "internal error: 'x'"}},
+    ]
 
 
 async def test_a_bug_is_still_a_500() -> None:
