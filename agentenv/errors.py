@@ -1,6 +1,15 @@
-"""Errors a user can cause or see, each with the HTTP status the API answers with."""
+"""The error table: every failure a client can see, its HTTP status and E2B's JSON body.
+
+`AenvError`s are the request's own failures (bad input, not found, no capacity, a silent
+guest), each with its status. `DependencyFailed`s are a host part failing (the VMM, the
+object store): 503 naming the part. Anything else is a bug: 500. `error_answer` is the
+one mapping, used by the API, the control plane and the data plane alike.
+"""
 
 from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
 
 
 class AenvError(Exception):
@@ -41,3 +50,52 @@ class Unavailable(AenvError):
     """Not enough host capacity, or a dependency is down; the client may retry later."""
 
     status = 503
+
+
+class DependencyFailed(RuntimeError):
+    """A part of the host failed under a request (503); each family names its `part`.
+
+    Not an `AenvError`: code that handles those as the request's own failure (the pressure
+    loop, wake on traffic, builds) would catch these too; the runtime recovers from each
+    family where it names it."""
+
+    status = 503
+    part = "a host component"
+
+
+class ErrorAnswer(NamedTuple):
+    """A failure as a client sees it: an HTTP status and a message."""
+
+    status: int
+    message: str
+
+    def body(self) -> dict[str, int | str]:
+        """E2B's error body."""
+        return {"code": self.status, "message": self.message}
+
+    def encoded(self) -> bytes:
+        """The body as JSON bytes."""
+        return json.dumps(self.body()).encode()
+
+    def asgi_messages(self, *headers: tuple[bytes, bytes]) -> list[dict[str, Any]]:
+        """The whole answer as raw ASGI messages, for middleware that has no JSONResponse
+        (the data plane, the body limit); `headers` are added to the response's."""
+        body = self.encoded()
+        framing = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        return [
+            {"type": "http.response.start", "status": self.status, "headers": [*framing, *headers]},
+            {"type": "http.response.body", "body": body},
+        ]
+
+
+def error_answer(exc: BaseException) -> ErrorAnswer:
+    """The status and message `exc` is answered with (the error table)."""
+    if isinstance(exc, AenvError):
+        return ErrorAnswer(exc.status, exc.message)
+    if isinstance(exc, DependencyFailed):
+        return ErrorAnswer(exc.status, f"{exc.part} failed: {_reason(exc)}")
+    return ErrorAnswer(500, f"internal error: {_reason(exc)}")
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__

@@ -1,4 +1,5 @@
-"""Every error leaves the API as JSON `{"code": <status>, "message": <text>}`."""
+"""Every error leaves the API as E2B's JSON `{"code": <status>, "message": <text>}`, with
+the status the error table (`agentenv.errors`) gives it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import AenvError
+from ..errors import AenvError, DependencyFailed, ErrorAnswer, error_answer
 from .models import ErrorBody
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 def error_response(
     status: int, message: str, headers: Mapping[str, str] | None = None
 ) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status, headers=headers)
+    return JSONResponse(ErrorAnswer(status, message).body(), status_code=status, headers=headers)
+
+
+def _answer(answer: ErrorAnswer) -> JSONResponse:
+    return error_response(answer.status, answer.message)
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -41,7 +46,16 @@ def _describe_validation(exc: RequestValidationError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AenvError)
     async def _aenv(_: Request, exc: AenvError) -> JSONResponse:
-        return error_response(exc.status, exc.message)
+        return _answer(error_answer(exc))
+
+    # Its own handler, not the catch-all below: Starlette re-raises what that one answers.
+    @app.exception_handler(DependencyFailed)
+    async def _dependency(request: Request, exc: DependencyFailed) -> JSONResponse:
+        answer = error_answer(exc)
+        log.warning(
+            "%s %s failed: %s", request.method, request.url.path, answer.message, exc_info=exc
+        )
+        return _answer(answer)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -55,4 +69,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
-        return error_response(500, f"internal error: {str(exc) or type(exc).__name__}")
+        return _answer(error_answer(exc))

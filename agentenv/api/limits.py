@@ -7,11 +7,12 @@ File uploads never pass here: they go to the guest through the proxy, streamed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
+
+from ..errors import TooLarge, error_answer
 
 MAX_ENTRIES = 64
 MAX_KEY_BYTES = 256
@@ -123,15 +124,6 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, send: Send) -> None:
-        message = f"request body over {self.max_bytes} bytes"
-        payload = json.dumps({"code": 413, "message": message}).encode()
-        await send({
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-                (b"connection", b"close"),
-            ],
-        })  # fmt: skip
-        await send({"type": "http.response.body", "body": payload})
+        answer = error_answer(TooLarge(f"request body over {self.max_bytes} bytes"))
+        for message in answer.asgi_messages((b"connection", b"close")):
+            await send(message)

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Response
 
 from ..config import Config
-from ..errors import AenvError, InvalidInput
+from ..errors import InvalidInput, error_answer
 from ..guest.agent import ENVD_VERSION
 from ..images.pull import default_name
 from ..images.reference import parse_reference
@@ -284,10 +284,8 @@ async def fork_sandbox(
     for result in results:
         if isinstance(result, SandboxRecord):
             out.append({"sandbox": sandbox_answer(result, domain).model_dump(mode="json")})
-        elif isinstance(result, AenvError):
-            out.append({"error": {"code": result.status, "message": result.message}})
         else:
-            out.append({"error": {"code": 500, "message": f"fork failed: {result}"}})
+            out.append({"error": error_answer(result).body()})
     return out
 
 

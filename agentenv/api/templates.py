@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..config import Config
-from ..errors import AenvError, Conflict
+from ..errors import Conflict, error_answer
 from ..images.base import load_base_template
 from ..images.catalog import BASE, TemplateCatalog
 from ..images.reference import parse_reference
@@ -184,10 +184,8 @@ async def pull_template(puller: PullerDep, cfg: ConfigDep, body: PullBody) -> St
         try:
             record = await asyncio.to_thread(puller.pull, str(ref), body.name, progress)
             await queue.put({"template": template_json(record, cfg)})
-        except AenvError as exc:
-            await queue.put({"error": {"code": exc.status, "message": exc.message}})
         except Exception as exc:
-            await queue.put({"error": {"code": 500, "message": f"pull failed: {exc}"}})
+            await queue.put({"error": error_answer(exc).body()})
         finally:
             await queue.put(None)
 

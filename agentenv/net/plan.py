@@ -5,12 +5,16 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from ..errors import DependencyFailed
+
 TAP_NAME = "tap0"
 GATEWAY_MAC = "02:fc:00:00:00:01"
 
 
-class NetworkError(RuntimeError):
-    """Setting up or tearing down a sandbox network failed."""
+class NetworkError(DependencyFailed):
+    """Setting up or tearing down a sandbox network failed. A client gets 503."""
+
+    part = "the sandbox network"
 
 
 @dataclass(frozen=True)

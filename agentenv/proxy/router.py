@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from yarl import URL
 
+from ..errors import DependencyFailed, error_answer
 from ..runtime.sandboxes.routes import Route
 from ..wire import ACCESS_TOKEN_HEADER, ENVD_PORT, TRAFFIC_TOKEN_HEADER
 from .signedurl import signer_target
@@ -73,7 +74,12 @@ class SandboxProxy:
             return
         route = self._resolve(target.sandbox_id)
         if route is None and self._wake is not None:
-            route = await self._wake(target.sandbox_id)
+            try:
+                route = await self._wake(target.sandbox_id)
+            except DependencyFailed as exc:
+                # The VMM (or another host part) failed to wake it: a 503 naming the part.
+                await refuse(scope, send, *error_answer(exc))
+                return
         if route is None:
             await refuse(scope, send, 502, f"The sandbox {target.sandbox_id} was not found")
             return

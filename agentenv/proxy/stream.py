@@ -4,13 +4,13 @@ the control plane): request body in, response out, until either side goes away."
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 
+from ..errors import ErrorAnswer
 from .reset import CLIENT_CONNECTIONS
 
 log = logging.getLogger(__name__)
@@ -28,13 +28,8 @@ HOP_BY_HOP = frozenset({
 
 async def send_error(send: Send, status: int, message: str) -> None:
     """An error as the API gives them: JSON `{"code", "message"}`."""
-    body = json.dumps({"code": status, "message": message}).encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
-    })  # fmt: skip
-    await send({"type": "http.response.body", "body": body})
+    for event in ErrorAnswer(status, message).asgi_messages():
+        await send(event)
 
 
 def has_body(headers: dict[bytes, bytes]) -> bool:

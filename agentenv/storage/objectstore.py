@@ -9,13 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from ..errors import DependencyFailed
+
 
 class ObjectNotFound(KeyError):
     """The key does not exist in the store."""
 
 
-class ObjectStoreError(RuntimeError):
-    """The store failed (I/O, network, credentials); the message names key and cause."""
+class ObjectStoreError(DependencyFailed):
+    """The store failed (I/O, network, credentials); the message names key and cause. A
+    client gets 503."""
+
+    part = "the object store"
 
 
 class ObjectStore(Protocol):

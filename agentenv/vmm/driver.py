@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..errors import DependencyFailed
+
 
 @dataclass(frozen=True)
 class VmSpec:
@@ -88,8 +90,10 @@ class BalloonStats:
 Launched = Callable[[VmHandle], Awaitable[None]]
 
 
-class VmmError(RuntimeError):
-    """A VMM operation failed; the message names the step."""
+class VmmError(DependencyFailed):
+    """A VMM operation failed; the message names the step. A client gets 503."""
+
+    part = "the VMM"
 
 
 class VmmDriver(Protocol):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv.config import Config
+from agentenv.errors import DependencyFailed
 
 from .common import BlockdPaths, atomic_write, cleanup_stale_mount, config_to_json
 
@@ -26,8 +27,11 @@ from .common import BlockdPaths, atomic_write, cleanup_stale_mount, config_to_js
 _UNREACHABLE = (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, BrokenPipeError)
 
 
-class BlockdError(RuntimeError):
-    """The daemon refused a request or could not be reached; `code` says which."""
+class BlockdError(DependencyFailed):
+    """The daemon refused a request or could not be reached; `code` says which. A client
+    gets 503."""
+
+    part = "the block daemon"
 
     def __init__(self, message: str, code: str = "failed") -> None:
         super().__init__(message)
