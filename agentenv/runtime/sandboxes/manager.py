@@ -10,6 +10,7 @@ table in `lifecycle.py` decides what is allowed.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import itertools
 import logging
@@ -266,7 +267,7 @@ class SandboxManager:
         self.metrics_history.record(sandbox_id, sample)
         return sample
 
-    async def logs(self, sandbox_id: str, start_ms: int = 0) -> list[dict[str, Any]]:
+    async def logs(self, sandbox_id: str, start_ms: int = 0) -> builtins.list[dict[str, Any]]:
         """The sandbox's log entries from `start_ms`, oldest first: its guest keeps them (in
         its memory, so across pauses); none while it is paused."""
         record = await self.get(sandbox_id)
@@ -284,7 +285,7 @@ class SandboxManager:
         """The egress rules of the running sandbox at namespace address `address`."""
         return next((r.egress for r in self._routes.values() if r.host == address), None)
 
-    def routes(self) -> list[tuple[str, Route]]:
+    def routes(self) -> builtins.list[tuple[str, Route]]:
         """Every running sandbox's route, as a list the caller may keep."""
         return list(self._routes.items())
 
@@ -310,7 +311,7 @@ class SandboxManager:
         pause_after_idle: int = 0,
         auto_resume: bool = False,
         network: dict[str, Any] | None = None,
-        volume_mounts: list[dict[str, str]] | None = None,
+        volume_mounts: builtins.list[dict[str, str]] | None = None,
     ) -> SandboxRecord:
         """Admit a sandbox and store its `creating` record with a free network slot (or
         the `reserved` id and slot of a warm VM); `layers` are stored ones its files start
