@@ -8,7 +8,7 @@ APT_PACKAGES := python3-venv python3-dev qemu-system-x86 qemu-utils busybox-stat
 	postgresql docker.io docker-compose systemd nfs-ganesha nfs-ganesha-vfs rpcbind
 STAMP := $(VENV)/.installed
 
-.PHONY: run test quick-test bench lint format system-deps venv kit clean
+.PHONY: run test quick-test bench lint typecheck format system-deps venv kit clean
 
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -43,11 +43,14 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+typecheck: venv
+	$(BIN)/mypy
+
 format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: kit lint
+test: kit lint typecheck
 	$(BIN)/pytest -q
 
 quick-test: venv

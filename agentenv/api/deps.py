@@ -18,11 +18,13 @@ from ..runtime.snapshots.pause import SandboxPauses
 
 
 def _node(request: Request) -> Node:
-    return request.app.state.node
+    node: Node = request.app.state.node
+    return node
 
 
 def _config(request: Request) -> Config:
-    return request.app.state.config
+    config: Config = request.app.state.config
+    return config
 
 
 def _manager(request: Request) -> SandboxManager:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import parse_qsl, unquote
 
 from fastapi import Query, Response
@@ -62,7 +62,7 @@ def list_query(
     )
 
 
-def listed_fields(record: SandboxRecord) -> dict:
+def listed_fields(record: SandboxRecord) -> dict[str, Any]:
     return {
         "templateID": record.template_id,
         "alias": record.alias,

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, Response
 
@@ -151,7 +151,10 @@ def sandbox_detail(record: SandboxRecord, domain: str | None) -> SandboxDetail:
         lifecycle=Lifecycle(
             autoResume=record.auto_resume, onTimeout="pause" if record.auto_pause else "kill"
         ),
-        pauseMode=record.pause_mode if paused else None,
+        # A record's mode is manager.FULL or FILESYSTEM, the two the model allows.
+        pauseMode=cast('Literal["full", "filesystem"] | None', record.pause_mode)
+        if paused
+        else None,
         storage=("stored" if record.stored else "uploading") if paused else None,
     )
 

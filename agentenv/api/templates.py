@@ -161,7 +161,7 @@ async def delete_template(
     if template_id == BASE:
         raise Conflict("the built-in 'base' template cannot be deleted")
     name, _ = split_ref(template_id)
-    if ":" in template_id or await asyncio.to_thread(snapshots.registry.builds, name):
+    if ":" in template_id or bool(await asyncio.to_thread(snapshots.registry.builds, name)):
         await snapshots.delete(template_id)
     else:
         await asyncio.to_thread(catalog.templates.delete, template_id)

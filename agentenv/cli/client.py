@@ -6,7 +6,7 @@ import base64
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, Self
@@ -290,7 +290,7 @@ class EnvdClient(_Base):
 
     def stream(
         self, method: str, message: dict[str, Any], timeout: float | None = None
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Generator[dict[str, Any], None, None]:
         """Server-streaming RPC: yield each response message as it arrives."""
         headers = {
             "Content-Type": STREAM_CONTENT_TYPE,

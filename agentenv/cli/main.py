@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -17,7 +18,7 @@ Handler = Callable[[Context, argparse.Namespace], int]
 
 
 def _add(
-    sub: argparse._SubParsersAction, name: str, handler: Handler, help_: str, **kw: object
+    sub: argparse._SubParsersAction, name: str, handler: Handler, help_: str, **kw: Any
 ) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help=help_, description=help_, **kw)
     parser.set_defaults(handler=handler)

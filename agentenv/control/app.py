@@ -61,7 +61,8 @@ def _forwarded(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
 
 
 def _plane(request: Request) -> ControlPlane:
-    return request.app.state.plane
+    plane: ControlPlane = request.app.state.plane
+    return plane
 
 
 Plane = Annotated[ControlPlane, Depends(_plane)]

@@ -11,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 Progress = Callable[[str], None]
 
@@ -24,7 +25,7 @@ def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
     error: type[Exception] = KitBuildError,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> str:
     """Run a command, return its stdout; raise `error` naming `step` on failure."""
     try:

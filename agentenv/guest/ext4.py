@@ -80,7 +80,8 @@ def _mkfs(tree: Path, image: Path, size: int, label: str, features: str, used: i
         fh.truncate(size * 2**20)
     # Room for twice today's inodes, so a user disk can still grow in file count.
     inodes = max(used * 2, (size * 2**20) // 16384)
-    argv = ["mkfs.ext4", "-q", "-F", "-L", label, "-d", tree, "-m", "0", "-N", str(inodes)]
+    argv: list[str | Path] = ["mkfs.ext4", "-q", "-F", "-L", label, "-d", tree, "-m", "0"]
+    argv += ["-N", str(inodes)]
     # Inode tables are initialised now, or the guest's ext4lazyinit would write them into
     # every sandbox's overlay. The journal needs no zeroing: the file is new, its holes read 0.
     argv += ["-O", features, "-E", "lazy_itable_init=0,lazy_journal_init=1", image]

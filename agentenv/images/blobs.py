@@ -99,7 +99,7 @@ def open_layer_stream(path: Path, media_type: str) -> Iterator[BinaryIO]:
                 raw, read_across_frames=True, closefd=False
             )
             with reader:
-                yield reader  # type: ignore[misc]
+                yield reader
         else:
             yield raw
 

@@ -209,7 +209,7 @@ class RegistryAuth(httpx.Auth):
                 url=f"{self.host}/v2/",
                 message=f"bearer challenge without a usable realm: {realm!r}",
             )
-        params: list[tuple[str, str]] = []
+        params: list[tuple[str, str | int | float | bool | None]] = []
         if challenge.params.get("service"):
             params.append(("service", challenge.params["service"]))
         scopes = [self.scope]

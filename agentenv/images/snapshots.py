@@ -8,6 +8,7 @@ object store next to template records, so every node sees them.
 
 from __future__ import annotations
 
+import builtins
 import json
 import secrets
 import string
@@ -208,7 +209,7 @@ class SnapshotRegistry:
         keys = [k for k in self._store.list("snapshots/") if k.endswith(".json")]
         return _oldest_first(self._load(keys))
 
-    def delete(self, ref: str) -> list[SnapshotRecord]:
+    def delete(self, ref: str) -> builtins.list[SnapshotRecord]:
         """`name` forgets every build of the name, `name:tag` one build; what it removed."""
         if ":" in ref:
             gone = [self.get(ref)]
@@ -223,7 +224,7 @@ class SnapshotRegistry:
             self._store.delete(_key(record.name, record.tag))
         return gone
 
-    def _load(self, keys: list[str]) -> list[SnapshotRecord]:
+    def _load(self, keys: builtins.list[str]) -> builtins.list[SnapshotRecord]:
         records = []
         for key in keys:
             try:

@@ -100,7 +100,7 @@ def open_uncompressed(raw: BinaryIO) -> BinaryIO:
     if head.startswith(b"\x28\xb5\x2f\xfd"):
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)  # type: ignore[return-value]
+        return zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)
     if head.startswith(b"BZh"):
         return bz2.BZ2File(src)  # type: ignore[return-value]
     if head.startswith(b"\xfd7zXZ\x00"):
@@ -402,10 +402,11 @@ def apply_tar(
     entries = 0
     try:
         try:
-            tf = tarfile.open(fileobj=plain, mode="r|")  # type: ignore[call-overload]
+            tf = tarfile.open(fileobj=plain, mode="r|")
             for member in tf:
                 applier.entry(tf, member)
-                tf.members = []  # stream mode would otherwise keep every TarInfo
+                # Stream mode would otherwise keep every TarInfo; typeshed omits `members`.
+                tf.members = []  # type: ignore[attr-defined]
                 entries += 1
                 if progress and entries % 1000 == 0:
                     progress(entries)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from ipaddress import IPv4Address, IPv4Network
@@ -62,7 +63,7 @@ class EgressProxy:
         ports = []
         for port, sniff in ((80, self._http_name), (443, self._tls_name)):
             server = await asyncio.start_server(
-                lambda r, w, port=port, sniff=sniff: self._serve(r, w, port, sniff), host, 0
+                functools.partial(self._serve, port=port, sniff=sniff), host, 0
             )
             self._servers.append(server)
             ports.append(server.sockets[0].getsockname()[1])
@@ -108,9 +109,10 @@ class EgressProxy:
             if not addresses:
                 log.info("egress to %s refused: it resolves to no address guests may reach", name)
                 return
-            up_reader, upstream = await asyncio.wait_for(
+            connection = await asyncio.wait_for(
                 asyncio.open_connection(str(addresses[0]), port), STEP_TIMEOUT
             )
+            up_reader, upstream = connection
             upstream.write(head)
             await asyncio.gather(_pipe(reader, upstream), _pipe(up_reader, writer))
         except (OSError, TimeoutError, dns.exception.DNSException) as exc:

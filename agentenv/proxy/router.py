@@ -114,7 +114,7 @@ class SandboxProxy:
         send: Send,
         target: Target,
         route: Route,
-        headers: dict,
+        headers: dict[bytes, bytes],
     ) -> None:
         url = f"http://{route.host}:{target.port}{target.path}"
         forward_headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _DROP_REQUEST]
@@ -177,7 +177,7 @@ def request_target(scope: Scope) -> str | None:
     return f"{raw_path}?{query}" if query else raw_path
 
 
-def _token_ok(scope: Scope, target: Target, headers: dict, token: str) -> bool:
+def _token_ok(scope: Scope, target: Target, headers: dict[bytes, bytes], token: str) -> bool:
     """The envd access token guards the agent's port only (other ports are the user's own
     servers, public as on E2B); its health check stays open, as the agent's is."""
     given = headers.get(_ACCESS_TOKEN, b"")

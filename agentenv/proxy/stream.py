@@ -92,8 +92,8 @@ async def stream_through(
             task.cancel()
         await asyncio.gather(relay, gone, ended, return_exceptions=True)
         await upstream.aclose()
-    if relay.done() and not relay.cancelled() and relay.exception() is not None:
-        raise relay.exception()
+    if relay.done() and not relay.cancelled() and (error := relay.exception()) is not None:
+        raise error
 
 
 async def _until_dead(alive: Callable[[], bool], every: float = 1.0) -> None:

@@ -51,9 +51,9 @@ def find_target(headers: dict[bytes, bytes], raw_path: str, domain: str) -> Targ
     host = headers.get(b"host", b"").decode("latin-1").rsplit(":", 1)[0].lower()
     if domain and host.endswith("." + domain.lower()):
         label = host[: -len(domain) - 1]
-        port, sep, sandbox_id_text = label.partition("-")
+        port_text, sep, sandbox_id_text = label.partition("-")
         if sep and sandbox_id_text and "." not in label:
-            return Target(sandbox_id_text, _port(port), raw_path)
+            return Target(sandbox_id_text, _port(port_text), raw_path)
     match = _PROXY_PATH.match(raw_path.split("?", 1)[0])
     if match:
         rest = match.group(3) or "/"

@@ -3,6 +3,7 @@ lost when it falls silent; the control plane places on the active ones."""
 
 from __future__ import annotations
 
+import builtins
 import functools
 import json
 import time
@@ -201,7 +202,7 @@ class NodeRegistry:
             changed = await connection.execute(sa.delete(nodes).where(nodes.c.name == name))
         return changed.rowcount > 0
 
-    async def declare_lost(self, timeout: float) -> list[str]:
+    async def declare_lost(self, timeout: float) -> builtins.list[str]:
         """Mark every node silent for longer than `timeout` lost; their names."""
         deadline = time.time() - timeout
         # Every state allows LOSE; a node already lost has nothing more to lose.

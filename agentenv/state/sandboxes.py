@@ -4,6 +4,7 @@ SQLite (one node) and PostgreSQL (many nodes and control replicas)."""
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import copy
 import fcntl
@@ -121,9 +122,9 @@ class SandboxStore(Protocol):
     async def insert(self, record: SandboxRecord) -> None: ...
     async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
     async def list(self) -> list[SandboxRecord]: ...
-    async def list_all(self) -> list[SandboxRecord]: ...
+    async def list_all(self) -> builtins.list[SandboxRecord]: ...
     async def get_any(self, sandbox_id: str) -> SandboxRecord | None: ...
-    async def owners(self, sandbox_ids: list[str]) -> dict[str, str]: ...
+    async def owners(self, sandbox_ids: builtins.list[str]) -> dict[str, str]: ...
     async def take_over(
         self, record: SandboxRecord, slot: int, state: State, vm: dict[str, Any] | None
     ) -> bool: ...
@@ -253,7 +254,7 @@ class SqlSandboxStore:
             sa.select(sandboxes).where(sandboxes.c.node == self.node).order_by(*order)
         )
 
-    async def list_all(self) -> list[SandboxRecord]:
+    async def list_all(self) -> builtins.list[SandboxRecord]:
         order = (sandboxes.c.started_at, sandboxes.c.sandbox_id)
         return await self._rows(sa.select(sandboxes).order_by(*order))
 
@@ -262,7 +263,7 @@ class SqlSandboxStore:
         rows = await self._rows(sa.select(sandboxes).where(sandboxes.c.sandbox_id == sandbox_id))
         return rows[0] if rows else None
 
-    async def owners(self, sandbox_ids: list[str]) -> dict[str, str]:
+    async def owners(self, sandbox_ids: builtins.list[str]) -> dict[str, str]:
         """The node of each of `sandbox_ids` that has a record."""
         query = sa.select(sandboxes.c.sandbox_id, sandboxes.c.node).where(
             sandboxes.c.sandbox_id.in_(sandbox_ids)
@@ -286,7 +287,7 @@ class SqlSandboxStore:
         )
         if taken:
             record.node, record.slot, record.state, record.vm = self.node, slot, state, vm
-        return taken
+        return bool(taken)
 
     async def forget(self, record: SandboxRecord) -> bool:
         """Delete another node's record, unless it changed meanwhile (the control plane

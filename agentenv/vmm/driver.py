@@ -168,8 +168,10 @@ class VmmDriver(Protocol):
         log errors as fast as it likes)."""
         ...
 
-    # Free memory the guest reports (free page reporting) goes back to the host.
-    returns_free_pages: bool
+    @property
+    def returns_free_pages(self) -> bool:
+        """Free memory the guest reports (free page reporting) goes back to the host."""
+        ...
 
     async def set_balloon(self, handle: VmHandle, target_mb: int) -> None:
         """Ask the guest to shrink (or grow back) to `target_mb` of RAM; the pages it

@@ -13,7 +13,7 @@ import os
 import stat
 from typing import Any, BinaryIO
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from . import metadata as file_metadata
 from .connect import ConnectError, json_response, log_error
@@ -161,7 +161,11 @@ class _Sink:
             os.close(self.fd)
 
     def info(self) -> dict[str, Any]:
-        info = {"name": os.path.basename(self.guest), "type": "file", "path": self.guest}
+        info: dict[str, Any] = {
+            "name": os.path.basename(self.guest),
+            "type": "file",
+            "path": self.guest,
+        }
         # Read back: a filesystem without xattrs (procfs, sysfs) keeps none.
         if kept := file_metadata.read(self.host):
             info["metadata"] = kept
@@ -190,7 +194,7 @@ async def upload(request: web.Request) -> web.StreamResponse:
         if request.content_type == "multipart/form-data":
             reader = await request.multipart()
             while (part := await reader.next()) is not None:
-                if not hasattr(part, "read_chunk") or part.name != "file":
+                if not isinstance(part, BodyPartReader) or part.name != "file":
                     continue  # nested multipart or an unrelated form field
                 target = path or _part_filename(part.headers.get("Content-Disposition", ""))
                 if not target:

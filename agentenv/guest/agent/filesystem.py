@@ -318,7 +318,8 @@ async def remove_watcher(request: web.Request, msg: Message) -> Message:
 
 def setup(app: web.Application) -> None:
     """Register the service's routes and the table of polled watchers."""
-    app[WATCHERS_KEY] = watchers = {}
+    watchers: dict[str, PolledWatcher] = {}
+    app[WATCHERS_KEY] = watchers
 
     async def _close_watchers(_app: web.Application) -> None:
         for polled in watchers.values():

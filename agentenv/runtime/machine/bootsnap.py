@@ -19,6 +19,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ...guest.agent import init_secret
 from ...guest.kit import Kit
@@ -46,7 +47,7 @@ class Shape:
     memory_mb: int
 
 
-def _finished(root: Path) -> dict[Path, dict]:
+def _finished(root: Path) -> dict[Path, dict[str, Any]]:
     """Every finished snapshot under `root`, with its `meta.json`."""
     found = {}
     for meta in sorted(root.glob("*/meta.json")):
@@ -55,7 +56,9 @@ def _finished(root: Path) -> dict[Path, dict]:
     return found
 
 
-def complete_snapshots(root: Path, kit_version: str, vmm_version: str) -> dict[Path, dict]:
+def complete_snapshots(
+    root: Path, kit_version: str, vmm_version: str
+) -> dict[Path, dict[str, Any]]:
     """The finished snapshots of one kit and VMM under `root`, with their `meta.json`."""
     return {
         path: meta
@@ -200,6 +203,7 @@ class BootSnapshots:
         finally:
             await destroy_network(netns)
         placeholder.unlink()
+        meta: dict[str, Any]
         meta = {"key": key, "kit": self.kit.version, "kernel_args": self.kernel_args}
         meta |= {"vmm": self.driver.version}
         meta |= {"vcpus": shape.vcpus}

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
-Undo = Callable[[], Awaitable[None]]
+Undo = Callable[[], Awaitable[object]]
 
 
 class CleanupStack:

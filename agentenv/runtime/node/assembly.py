@@ -181,10 +181,10 @@ class Node:
         await recover(manager)
         uploads = Uploads(manager, objects)
         stack.push_async_callback(uploads.close)
-        registry = SnapshotRegistry(objects)
+        snapshot_registry = SnapshotRegistry(objects)
         served_ram = ServedRam(blockd, objects, [cfg.sandboxes_dir, cfg.home / "snapshots"])
         pauses = SandboxPauses(manager, objects, served_ram)
-        snapshots = SandboxSnapshots(pauses, registry, catalog, uploads)
+        snapshots = SandboxSnapshots(pauses, snapshot_registry, catalog, uploads)
         await snapshots.open()
         scanner = asyncio.create_task(uploads.run())
         stack.push_async_callback(_cancelled, scanner)
@@ -193,7 +193,7 @@ class Node:
         )
         stack.push_async_callback(builds.close)
         nodes = NodeRegistry(store.engine)
-        collector = Collector(objects, templates, registry, store, blockd, nodes)
+        collector = Collector(objects, templates, snapshot_registry, store, blockd, nodes)
         pool = None
         if cfg.sandbox.warm_pool > 0 and boot_snapshots is not None:
             pool = WarmPool(manager, cfg.sandbox.warm_pool)

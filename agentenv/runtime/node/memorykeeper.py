@@ -118,6 +118,7 @@ class MemoryKeeper:
                 SANDBOX_MEMORY.labels(sandbox_id, "guest_used").set(sample.guest_used)
 
     async def _sample(self, record: SandboxRecord) -> SandboxMemory | None:
+        assert record.vm is not None  # sample() passes records with a VM only
         host = await asyncio.to_thread(footprint, VmHandle.from_dict(record.vm).pid)
         if host is None:
             return None
@@ -140,10 +141,12 @@ class MemoryKeeper:
                 f"balloon target {target_mb} MiB: give {MIN_BALLOON_MB} to "
                 f"{record.memory_mb} MiB (the sandbox's memory)"
             )
+        assert record.vm is not None  # _running checked it
         await self._vmm(self.manager.driver.set_balloon(VmHandle.from_dict(record.vm), target_mb))
 
     async def balloon(self, sandbox_id: str) -> BalloonStats:
         record = await self._running(sandbox_id)
+        assert record.vm is not None  # _running checked it
         return await self._vmm(self.manager.driver.balloon(VmHandle.from_dict(record.vm)))
 
     async def _running(self, sandbox_id: str) -> SandboxRecord:

@@ -12,6 +12,7 @@ network slots), `routes.py` (the proxy's table), `gate.py` (locks and cancellati
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 import shutil
 from collections.abc import Awaitable, Callable
@@ -222,7 +223,7 @@ class SandboxManager:
         self.metrics_history.record(sandbox_id, sample)
         return sample
 
-    async def logs(self, sandbox_id: str, start_ms: int = 0) -> list[dict[str, Any]]:
+    async def logs(self, sandbox_id: str, start_ms: int = 0) -> builtins.list[dict[str, Any]]:
         """The sandbox's log entries from `start_ms`, oldest first: its guest keeps them (in
         its memory, so across pauses); none while it is paused."""
         record = await self.get(sandbox_id)

@@ -108,7 +108,7 @@ class SandboxSnapshots:
         `name` (a new one if None). `guest` overrides what its sandboxes' guests are given
         (a template build's final ENV, USER and WORKDIR)."""
         name = validate_name(name) if name else new_name()
-        if name == BASE or await asyncio.to_thread(self.catalog.templates.find, name):
+        if name == BASE or bool(await asyncio.to_thread(self.catalog.templates.find, name)):
             raise Conflict(f"'{name}' names a template that is not a snapshot")
         tag = new_tag()
         staging = self.root / _STAGING / f"{name}-{tag}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -163,7 +164,7 @@ class Uploads:
                 continue
             self._busy.add(key)
             task = self.manager.gate.read_paused(key, self._upload_sandbox(record))
-            task.add_done_callback(lambda t, key=key: self._finished(key, t))
+            task.add_done_callback(functools.partial(self._finished, key))
             # `close` ends it too, before the state store it reports to is closed.
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
