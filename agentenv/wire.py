@@ -7,6 +7,11 @@ here; the guest's init script gets the port when the initramfs is built.
 # The guest agent (E2B's envd) listens here in every sandbox.
 ENVD_PORT = 49983
 
+# envd's routes the data plane treats apart: health is open to all, files take a signature
+# made from the access token in place of the token itself.
+ENVD_HEALTH_ROUTE = "/health"
+ENVD_FILES_ROUTE = "/files"
+
 # Data plane: which sandbox and port a request is for (E2B's SDKs send both).
 SANDBOX_ID_HEADER = "E2b-Sandbox-Id"
 SANDBOX_PORT_HEADER = "E2b-Sandbox-Port"

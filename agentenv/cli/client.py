@@ -18,6 +18,8 @@ from agentenv.guest.rpc import ConnectError, encode_envelope, error_from_json, i
 from agentenv.wire import (
     ACCESS_TOKEN_HEADER,
     API_KEY_HEADER,
+    ENVD_FILES_ROUTE,
+    ENVD_HEALTH_ROUTE,
     ENVD_PORT,
     SANDBOX_ID_HEADER,
     SANDBOX_PORT_HEADER,
@@ -259,7 +261,7 @@ class ApiClient(_Base):
 
     def health(self) -> httpx.Response:
         """`GET /health` without raising on error statuses."""
-        return self._send(self._http.build_request("GET", "/health", timeout=5.0))
+        return self._send(self._http.build_request("GET", ENVD_HEALTH_ROUTE, timeout=5.0))
 
 
 class EnvdClient(_Base):
@@ -346,7 +348,7 @@ class EnvdClient(_Base):
         deadline = time.monotonic() + timeout
         while True:
             try:
-                resp = self._send(self._http.build_request("GET", "/health", timeout=5.0))
+                resp = self._send(self._http.build_request("GET", ENVD_HEALTH_ROUTE, timeout=5.0))
                 if resp.is_success:
                     return
                 problem = ApiError.from_response(resp).message
@@ -367,7 +369,7 @@ class EnvdClient(_Base):
 
         request = self._http.build_request(
             "POST",
-            "/files",
+            ENVD_FILES_ROUTE,
             params={"path": remote},
             content=chunks(),
             headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
@@ -385,7 +387,10 @@ class EnvdClient(_Base):
     def download(self, remote: str, local: Path) -> int:
         """`GET /files?path=REMOTE` streamed into `local` (written atomically); returns bytes."""
         request = self._http.build_request(
-            "GET", "/files", params={"path": remote}, timeout=httpx.Timeout(300.0, connect=5.0)
+            "GET",
+            ENVD_FILES_ROUTE,
+            params={"path": remote},
+            timeout=httpx.Timeout(300.0, connect=5.0),
         )
         resp = self._send(request, stream=True)
         try:

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from ..errors import Unavailable
-from ..wire import ACCESS_TOKEN_HEADER
+from ..wire import ACCESS_TOKEN_HEADER, ENVD_FILES_ROUTE, ENVD_HEALTH_ROUTE
 from .agent import init_secret
 from .rpc import ConnectError, EnvelopeDecoder, encode_envelope, error_from_json
 
@@ -48,7 +48,9 @@ class AgentClient:
             async with asyncio.timeout(1.0):
                 reader, writer = await asyncio.open_connection(url.host, url.port)
                 try:
-                    writer.write(b"GET /health HTTP/1.0\r\nHost: agent\r\n\r\n")
+                    writer.write(
+                        f"GET {ENVD_HEALTH_ROUTE} HTTP/1.0\r\nHost: agent\r\n\r\n".encode()
+                    )
                     status = await reader.readline()
                 finally:
                     writer.close()
@@ -137,7 +139,7 @@ class AgentClient:
             base_url=self._base_url, headers=self._headers, timeout=max(self._timeout, 120.0)
         ) as client:
             response = await client.post(
-                "/files",
+                ENVD_FILES_ROUTE,
                 params={"path": path, "username": user},
                 content=data,
                 headers={"Content-Type": "application/octet-stream"},

@@ -11,7 +11,13 @@ from yarl import URL
 
 from ..errors import DependencyFailed, error_answer
 from ..runtime.sandboxes.routes import Route
-from ..wire import ACCESS_TOKEN_HEADER, ENVD_PORT, TRAFFIC_TOKEN_HEADER
+from ..wire import (
+    ACCESS_TOKEN_HEADER,
+    ENVD_FILES_ROUTE,
+    ENVD_HEALTH_ROUTE,
+    ENVD_PORT,
+    TRAFFIC_TOKEN_HEADER,
+)
 from .signedurl import signer_target
 from .stream import (
     HOP_BY_HOP,
@@ -187,9 +193,9 @@ def _token_ok(scope: Scope, target: Target, headers: dict[bytes, bytes], token: 
     # decodes it, so `/envs%3F/files` (the agent's `/envs?/files`) or `/%66iles` never
     # count as `/files`; a plain path reads the same before and after decoding.
     path, _, query = target.path.partition("?")
-    if scope.get("method") == "GET" and path == "/health":
+    if scope.get("method") == "GET" and path == ENVD_HEALTH_ROUTE:
         return True
     # Signed /files URLs carry no header; the agent verifies their signature itself. The
     # query is split by yarl, as the agent's aiohttp splits it.
     signed = "signature" in URL.build(query_string=query, encoded=True).query
-    return path == "/files" and signed
+    return path == ENVD_FILES_ROUTE and signed

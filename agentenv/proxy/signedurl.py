@@ -14,7 +14,7 @@ from yarl import URL
 
 from ..guest.agent.signing import READ, WRITE, signed_by
 from ..runtime.sandboxes.routes import Route
-from ..wire import ENVD_PORT
+from ..wire import ENVD_FILES_ROUTE, ENVD_PORT
 from .target import Target
 
 _OPERATIONS = {"GET": READ, "POST": WRITE}
@@ -26,7 +26,7 @@ def signer_target(
     """The agent port of the sandbox that signed this `/files` request, if any did."""
     path, _, query_text = raw_target.partition("?")
     operation = _OPERATIONS.get(method)
-    if path != "/files" or operation is None:
+    if path != ENVD_FILES_ROUTE or operation is None:
         return None
     # Split as the agent's aiohttp splits it, so both read the same parameters.
     query = {k: v for k, v in URL.build(query_string=query_text, encoded=True).query.items()}

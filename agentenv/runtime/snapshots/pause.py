@@ -37,6 +37,7 @@ class SandboxPauses:
 
     def __init__(self, manager: SandboxManager, objects: ObjectStore, ram: RamServer) -> None:
         self.manager = manager
+        self.machines = manager.machines
         self.objects = objects
         self.ram = ram
 
@@ -48,7 +49,7 @@ class SandboxPauses:
         the disk is kept (flushed by the guest first) and a resume starts a fresh guest."""
 
         async def body(record: SandboxRecord) -> None:
-            if require_healthy_guest and not await self.manager.machines.agent(record).healthy():
+            if require_healthy_guest and not await self.machines.agent(record).healthy():
                 raise Unavailable(f"sandbox '{sandbox_id}': its guest agent does not answer")
             await self._pause(record, FULL if memory else FILESYSTEM)
 
@@ -60,7 +61,7 @@ class SandboxPauses:
         assert record.vm is not None
         handle = VmHandle.from_dict(record.vm)
         if mode == FILESYSTEM:
-            await self.manager.machines.flush_guest(record)
+            await self.machines.flush_guest(record)
         # Recorded first: recovery reads from it what a whole pause must have kept.
         record.pause_mode = mode
         await self.manager.store.update(record.sandbox_id, pause_mode=mode)
@@ -70,9 +71,7 @@ class SandboxPauses:
             await asyncio.to_thread(self._drop_memory, record)
             return
         try:
-            await self.manager.driver.pause(
-                handle, self.manager.machines.snapshot_dir(record.sandbox_id)
-            )
+            await self.manager.driver.pause(handle, self.machines.snapshot_dir(record.sandbox_id))
         except BaseException:
             with contextlib.suppress(VmmError, OSError):
                 await self.manager.driver.resume(handle)
@@ -83,8 +82,8 @@ class SandboxPauses:
 
     def _drop_memory(self, record: SandboxRecord) -> None:
         """Forget a stopped guest's RAM and device state: only its disk is kept."""
-        shutil.rmtree(self.manager.machines.snapshot_dir(record.sandbox_id), ignore_errors=True)
-        guestram.drop(self.manager.machines.workdir(record.sandbox_id))
+        shutil.rmtree(self.machines.snapshot_dir(record.sandbox_id), ignore_errors=True)
+        guestram.drop(self.machines.workdir(record.sandbox_id))
 
     async def connect(
         self, sandbox_id: str, timeout: int, memory: bool = True
@@ -140,7 +139,7 @@ class SandboxPauses:
         """Run a paused sandbox again: its memory restored, or, without `memory` or after a
         filesystem-only pause, a fresh guest on its disk. Files this node does not hold
         are fetched from the object store first."""
-        if record.stored and not self.manager.machines.local_state_intact(record):
+        if record.stored and not self.machines.local_state_intact(record):
             await self._fetch(record)
         if record.stored:
             # The files change from here on: the stored layers become the next upload's parents.
@@ -153,22 +152,20 @@ class SandboxPauses:
             await self._restart_paused(record)
 
     async def _fetch(self, record: SandboxRecord) -> None:
-        workdir = self.manager.machines.workdir(record.sandbox_id)
+        workdir = self.machines.workdir(record.sandbox_id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         if read_init_secret(workdir) is None:
             write_init_secret(workdir)
         try:
             # Its disk sits on the template's image, served here too from now on.
-            template = await asyncio.to_thread(
-                self.manager.machines.catalog.resolve, disk_template(record)
-            )
+            template = await asyncio.to_thread(self.machines.catalog.resolve, disk_template(record))
             await asyncio.to_thread(
                 partial(
                     fetch_files,
                     self.objects,
                     record.layers,
                     workdir,
-                    self.manager.machines.snapshot_dir(record.sandbox_id),
+                    self.machines.snapshot_dir(record.sandbox_id),
                     # The sandbox's own files from now on, whatever happens to the host.
                     durable=True,
                     ram=self.ram,
@@ -190,16 +187,16 @@ class SandboxPauses:
         assert record.vm is not None
         # A VMM still there (paused in place by an older server) would hold the tap.
         await self.manager.driver.stop(VmHandle.from_dict(record.vm))
-        kit = self.manager.machines.pinned_kit(record)
-        spec = self.manager.machines.vm_spec(record, kit)
-        snapshot = self.manager.machines.snapshot_dir(record.sandbox_id)
-        agent = self.manager.machines.agent(record)
+        kit = self.machines.pinned_kit(record)
+        spec = self.machines.vm_spec(record, kit)
+        snapshot = self.machines.snapshot_dir(record.sandbox_id)
+        agent = self.machines.agent(record)
         try:
-            handle = await self.manager.machines.launcher.restore(
+            handle = await self.machines.launcher.restore(
                 spec,
                 agent,
                 snapshot,
-                launched=lambda vm: self.manager.machines.save_vm(record, vm, kit),
+                launched=lambda vm: self.machines.save_vm(record, vm, kit),
             )
             crash_point("resume.restored")
             try:
@@ -229,9 +226,7 @@ class SandboxPauses:
         cleanup = CleanupStack(f"restart sandbox {record.sandbox_id}")
         try:
             # A fresh guest runs on today's kit: nothing of the old one is mounted.
-            await self.manager.machines.start_fresh_guest(
-                record, self.manager.machines.kit, cleanup
-            )
+            await self.machines.start_fresh_guest(record, self.machines.kit, cleanup)
         except BaseException as exc:
             await cleanup.run()
             if isinstance(exc, (VmmError, TimeoutError, httpx.HTTPError)):
