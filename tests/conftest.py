@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 import tempfile
@@ -15,6 +16,35 @@ from agentenv.config import load_config
 
 from .live import LiveServer
 from .s3server import new_bucket, s3_server
+
+# pytest itself names the running test here, in every phase.
+_PYTEST_OWN = {"PYTEST_CURRENT_TEST"}
+
+
+def _environment_kept(what: str) -> Iterator[None]:
+    before = dict(os.environ)
+    yield
+    names = (before.keys() | os.environ.keys()) - _PYTEST_OWN
+    changed = sorted(name for name in names if before.get(name) != os.environ.get(name))
+    # Put back, so the tests after this one run in the environment they expect.
+    for name in changed:
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            del os.environ[name]
+    assert not changed, f"{what} left the process environment changed: {changed}"
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept_by_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test and its fixtures put back every variable they set (`monkeypatch.setenv`)."""
+    yield from _environment_kept(request.node.nodeid)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _environment_kept_by_the_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """So do module-scoped fixtures (`pytest.MonkeyPatch.context()`), by the module's end."""
+    yield from _environment_kept(request.node.nodeid)
 
 
 @pytest.fixture(scope="session")

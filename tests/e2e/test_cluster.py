@@ -91,16 +91,17 @@ def cluster(kit_ready: None, request: pytest.FixtureRequest) -> Iterator[Cluster
         },
     )
     state = local.up(3)
-    os.environ["E2B_API_URL"] = os.environ["E2B_SANDBOX_URL"] = state.control.url
-    os.environ["E2B_API_KEY"] = state.api_key
     try:
-        yield Cluster(local, state)
+        # The SDK's three variables, for the module's tests; put back as they were after.
+        with pytest.MonkeyPatch.context() as environment:
+            environment.setenv("E2B_API_URL", state.control.url)
+            environment.setenv("E2B_SANDBOX_URL", state.control.url)
+            environment.setenv("E2B_API_KEY", state.api_key)
+            yield Cluster(local, state)
     finally:
         if request.session.testsfailed > failed_before:
             _show_logs(request, state)
         local.down()
-        for name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
-            os.environ.pop(name, None)
         subprocess.run(["rm", "-rf", str(directory)], check=False)
 
 
