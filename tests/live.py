@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,8 +108,8 @@ class LiveServer:
         if self.proc and self.proc.poll() is None:
             # VMs outlive the server by design; a failed test must not leave them running.
             with self.client(key=self.api_key) as api:
-                for sandbox in api.get("/v2/sandboxes").json():
-                    api.delete(f"/sandboxes/{sandbox['sandboxID']}")
+                for sandbox_id in self.sandbox_ids():
+                    api.delete(f"/sandboxes/{sandbox_id}")
         self.stop()
         # The block daemon and the NFS server outlive a killed server by design; the
         # test's home goes, so must they.
@@ -115,6 +117,16 @@ class LiveServer:
         BlockdClient(cfg).stop()
         asyncio.run(NfsServer(cfg).stop())
         remove_host_chains(self.prefix, self.network[1])
+        # Its VMMs are gone: what is left in the run directory (kernel stubs, the RAM
+        # library) would stay in /run for every test server.
+        shutil.rmtree(run_dir_for(self.home), ignore_errors=True)
+
+    def sandbox_ids(self) -> set[str]:
+        """The sandboxes the server has, running or paused."""
+        with self.client(key=self.api_key) as api:
+            listed = api.get("/v2/sandboxes", params={"limit": 100})
+        assert listed.status_code == 200, listed.text
+        return {sandbox["sandboxID"] for sandbox in listed.json()}
 
     @property
     def api_key(self) -> str:
@@ -149,6 +161,11 @@ class HostResources:
     sockets: int
     checkpoints: int
     snapshots: int = 0
+    # Processes other than VMMs and the node's own services (block daemon, NFS server)
+    # that name the home or run in a sandbox's namespace.
+    daemons: int = 0
+    # Temporary files and directories the node makes in its home while it works.
+    scratch: int = 0
 
     @classmethod
     def measure(cls, home: Path, prefix: str) -> HostResources:
@@ -177,7 +194,52 @@ class HostResources:
         # Snapshot files (`snapshots/<name>/<tag>`), staged ones included.
         snapshot_root = home / "snapshots"
         snapshots = sum(1 for _ in snapshot_root.glob("*/*")) if snapshot_root.exists() else 0
-        return cls(vmms, namespaces, links, workdirs, mounts, sockets, checkpoints, snapshots)
+        daemons = len(_stray_processes(home, prefix))
+        scratch = sum(1 for pattern in _SCRATCH for _ in home.glob(pattern))
+        return cls(
+            vmms, namespaces, links, workdirs, mounts, sockets, checkpoints, snapshots,
+            daemons, scratch,
+        )  # fmt: skip
+
+    def transient(self) -> HostResources:
+        """All but the snapshot files: those are data a test may keep (templates, build
+        caches, named snapshots), the rest must go with the sandboxes that made them."""
+        return dataclasses.replace(self, snapshots=0)
+
+
+# The node's scratch space: snapshots being staged, volume uploads being spooled, build
+# contexts being received, and the object store's and chunk cache's partial writes.
+_SCRATCH = ("snapshots/.staging/*", "volumes/.spool/*", ".upload-*", "**/.tmp-*")
+
+
+def _stray_processes(home: Path, prefix: str) -> list[int]:
+    """Processes that name `home` or run in one of its sandboxes' namespaces, other than
+    the sandboxes' VMMs, the block daemon and the NFS server (the node's services)."""
+    netns = Path("/run/netns")
+    sandbox_namespaces = (
+        {p.stat().st_ino for p in netns.iterdir() if p.name.startswith(prefix + "-")}
+        if netns.exists()
+        else set()
+    )
+    nfs_namespace = netns / f"{prefix}nfs"
+    service_namespaces = {nfs_namespace.stat().st_ino} if nfs_namespace.exists() else set()
+    home_text, sandboxes = str(home).encode(), str(home / "sandboxes").encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            namespace = (proc / "ns" / "net").stat().st_ino
+        except OSError:
+            continue
+        if sandboxes in cmdline or b"agentenv.storage.blockd" in cmdline:
+            continue
+        if namespace in service_namespaces:
+            continue
+        if home_text in cmdline or namespace in sandbox_namespaces:
+            found.append(int(proc.name))
+    return found
 
 
 def _pids_mentioning(text: str) -> Iterator[int]:
@@ -190,6 +252,24 @@ def _pids_mentioning(text: str) -> Iterator[int]:
                     yield int(proc.name)
             except OSError:
                 pass
+
+
+def leftovers(server: LiveServer) -> list[str]:
+    """Anything of a closed server still on the host: processes, namespaces, links,
+    mounts, its run directory. Empty once `close` did its work."""
+    home, prefix = str(server.home), server.prefix
+    found = [f"process {pid}" for pid in _pids_mentioning(home)]
+    netns = Path("/run/netns")
+    if netns.exists():
+        found += [f"namespace {p.name}" for p in netns.iterdir() if p.name.startswith(prefix)]
+    host_links = (p.name for p in Path("/sys/class/net").iterdir())
+    found += [f"link {name}" for name in host_links if name.startswith(prefix)]
+    found += [f"link nfs{prefix}"] if Path(f"/sys/class/net/nfs{prefix}").exists() else []
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    found += [f"mount {line.split()[1]}" for line in mounts if home in line]
+    run_dir = run_dir_for(server.home)
+    found += [f"run directory {run_dir}"] if run_dir.exists() else []
+    return found
 
 
 def vmm_pid(server: LiveServer, sandbox_id: str) -> int | None:
