@@ -14,8 +14,9 @@ import pytest
 from agentenv.cluster.postgres import LocalPostgres
 from agentenv.config import load_config
 
-from .live import LiveServer
+from .live import LiveServer, leftovers
 from .s3server import new_bucket, s3_server
+from .vmfactory import VmFactory
 
 # pytest itself names the running test here, in every phase.
 _PYTEST_OWN = {"PYTEST_CURRENT_TEST"}
@@ -60,21 +61,38 @@ def kit_ready() -> None:
 
 @pytest.fixture(scope="session")
 def server(kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server for the session; each test using it is checked by `vms`."""
     live = LiveServer(tmp_path_factory.mktemp("aenv-home"))
     live.start()
     try:
         yield live
     finally:
         live.close()
+    assert not leftovers(live), f"the session's server left {leftovers(live)}"
 
 
 @pytest.fixture
-def fresh_server(kit_ready: None, tmp_path: Path) -> Iterator[LiveServer]:
-    """A server of one's own, for tests that restart it or change its configuration."""
+def vms() -> Iterator[VmFactory]:
+    """The test's VM factory: what it made is killed after the test, and the host checked."""
+    factory = VmFactory()
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(autouse=True)
+def _shared_server_back_to_baseline(request: pytest.FixtureRequest, vms: VmFactory) -> None:
+    """A test on the session's server leaves its host resources as it found them."""
+    if "server" in request.fixturenames:
+        vms.watch(request.getfixturevalue("server"))
+
+
+@pytest.fixture
+def fresh_server(kit_ready: None, tmp_path: Path, vms: VmFactory) -> LiveServer:
+    """A server of one's own, for tests that restart it or change its configuration;
+    closed after the test, and nothing of it may remain on the host."""
     live = LiveServer(tmp_path / "home")
     live.home.mkdir()
-    yield live
-    live.close()
+    return vms.own(live)
 
 
 @pytest.fixture(scope="session")
