@@ -209,7 +209,13 @@ class HostResources:
 
 # The node's scratch space: snapshots being staged, volume uploads being spooled, build
 # contexts being received, and the object store's and chunk cache's partial writes.
-_SCRATCH = ("snapshots/.staging/*", "volumes/.spool/*", ".upload-*", "**/.tmp-*")
+_SCRATCH = (
+    "snapshots/.staging/*",
+    "volumes/.spool/*",
+    ".upload-*",
+    "objects/**/.tmp-*",
+    "cache/**/.tmp-*",
+)
 
 
 def _stray_processes(home: Path, prefix: str) -> list[int]:

@@ -38,7 +38,7 @@ def test_scratch_counts_what_the_node_stages_and_transient_ignores_snapshots(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    for path in ("snapshots/.staging/app-v1", "cache/ab/.tmp-x1", "snapshots/app/v1"):
+    for path in ("snapshots/.staging/app-v1", "cache/chunks/ab/.tmp-x1", "snapshots/app/v1"):
         (home / path).mkdir(parents=True)
     (home / ".upload-x2").write_bytes(b"")
     found = LiveServer(home).resources()
