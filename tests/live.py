@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -276,6 +277,25 @@ def leftovers(server: LiveServer) -> list[str]:
     run_dir = run_dir_for(server.home)
     found += [f"run directory {run_dir}"] if run_dir.exists() else []
     return found
+
+
+def sweep(server: LiveServer) -> None:
+    """Remove what `leftovers` finds, so that one failed check does not burden the tests
+    after it."""
+    for pid in _pids_mentioning(str(server.home)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for line in Path("/proc/mounts").read_text().splitlines():
+        if str(server.home) in line:
+            subprocess.run(["umount", "-l", line.split()[1]], check=False)
+    netns = Path("/run/netns")
+    for namespace in netns.iterdir() if netns.exists() else ():
+        if namespace.name.startswith(server.prefix):
+            subprocess.run(["ip", "netns", "del", namespace.name], check=False)
+    for link in Path("/sys/class/net").iterdir():
+        if link.name.startswith(server.prefix) or link.name == f"nfs{server.prefix}":
+            subprocess.run(["ip", "link", "del", link.name], check=False)
+    shutil.rmtree(run_dir_for(server.home), ignore_errors=True)
 
 
 def vmm_pid(server: LiveServer, sandbox_id: str) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .live import HostResources, LiveServer, leftovers
+from .live import HostResources, LiveServer, leftovers, sweep
 
 
 @pytest.fixture
@@ -28,8 +29,8 @@ def test_a_process_naming_the_home_is_a_stray_daemon(
     server = LiveServer(tmp_path / "home")
     assert server.resources().daemons == 1
     assert leftovers(server) == [f"process {stray.pid}"]
-    stray.kill()
-    stray.wait()
+    sweep(server)
+    assert stray.wait(10) == -signal.SIGKILL
     assert server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
     assert leftovers(server) == []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .live import HostResources, LiveServer, leftovers, wait_for
+from .live import HostResources, LiveServer, leftovers, sweep, wait_for
 
 # Kills finish their clean-up in the background (a VMM's exit, a namespace's removal).
 SETTLE_S = 60.0
@@ -60,6 +60,7 @@ class VmFactory:
             server.close()
             if left := leftovers(server):
                 failures.append(f"server {server.prefix} left {left}")
+                sweep(server)
         for watch in self.watches.values():
             if (failure := _restore(watch)) is not None:
                 failures.append(failure)
