@@ -209,14 +209,9 @@ class HostResources:
 
 
 # The node's scratch space: snapshots being staged, volume uploads being spooled, build
-# contexts being received, and the object store's and chunk cache's partial writes.
-_SCRATCH = (
-    "snapshots/.staging/*",
-    "volumes/.spool/*",
-    ".upload-*",
-    "objects/**/.tmp-*",
-    "cache/**/.tmp-*",
-)
+# contexts being received, chunks being fetched. Not the object store's: it is durable
+# storage, and a write a crash cut short stays there, unlisted, by design.
+_SCRATCH = ("snapshots/.staging/*", "volumes/.spool/*", ".upload-*", "cache/**/.tmp-*")
 
 
 def _stray_processes(home: Path, prefix: str) -> list[int]:
