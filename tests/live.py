@@ -106,21 +106,23 @@ class LiveServer:
 
     def close(self) -> None:
         """Kill what tests left, stop for good, and remove the server's host firewall chains."""
-        if self.proc and self.proc.poll() is None:
-            # VMs outlive the server by design; a failed test must not leave them running.
-            with self.client(key=self.api_key) as api:
-                for sandbox_id in self.sandbox_ids():
-                    api.delete(f"/sandboxes/{sandbox_id}")
-        self.stop()
-        # The block daemon and the NFS server outlive a killed server by design; the
-        # test's home goes, so must they.
-        cfg = load_config(env=self.env)
-        BlockdClient(cfg).stop()
-        asyncio.run(NfsServer(cfg).stop())
-        remove_host_chains(self.prefix, self.network[1])
-        # Its VMMs are gone: what is left in the run directory (kernel stubs, the RAM
-        # library) would stay in /run for every test server.
-        shutil.rmtree(run_dir_for(self.home), ignore_errors=True)
+        try:
+            if self.proc and self.proc.poll() is None:
+                # VMs outlive the server by design; a failed test must not leave them running.
+                with self.client(key=self.api_key) as api:
+                    for sandbox_id in self.sandbox_ids():
+                        api.delete(f"/sandboxes/{sandbox_id}")
+        finally:
+            self.stop()
+            # The block daemon and the NFS server outlive a killed server by design; the
+            # test's home goes, so must they.
+            cfg = load_config(env=self.env)
+            BlockdClient(cfg).stop()
+            asyncio.run(NfsServer(cfg).stop())
+            remove_host_chains(self.prefix, self.network[1])
+            # Its VMMs are gone: what is left in the run directory (kernel stubs, the RAM
+            # library) would stay in /run for every test server.
+            shutil.rmtree(run_dir_for(self.home), ignore_errors=True)
 
     def sandbox_ids(self) -> set[str]:
         """The sandboxes the server has, running or paused."""

@@ -57,7 +57,10 @@ class VmFactory:
         """Kill what the test made, close owned servers, and check the host."""
         failures = []
         for server in self.owned:
-            server.close()
+            try:
+                server.close()
+            except Exception as exc:  # the others are closed and checked all the same
+                failures.append(f"server {server.prefix} did not close: {exc!r}")
             if left := leftovers(server):
                 failures.append(f"server {server.prefix} left {left}")
                 sweep(server)
