@@ -14,7 +14,7 @@ import pytest
 from agentenv.cluster.postgres import LocalPostgres
 from agentenv.config import load_config
 
-from .live import LiveServer, leftovers
+from .live import LiveServer, leftovers, sweep
 from .s3server import new_bucket, s3_server
 from .vmfactory import VmFactory
 
@@ -68,7 +68,9 @@ def server(kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield live
     finally:
         live.close()
-    assert not leftovers(live), f"the session's server left {leftovers(live)}"
+    left = leftovers(live)
+    sweep(live)
+    assert not left, f"the session's server left {left}"
 
 
 @pytest.fixture

@@ -220,13 +220,9 @@ def _stray_processes(home: Path, prefix: str) -> list[int]:
     """Processes that name `home` or run in one of its sandboxes' namespaces, other than
     the sandboxes' VMMs, the block daemon and the NFS server (the node's services)."""
     netns = Path("/run/netns")
-    sandbox_namespaces = (
-        {p.stat().st_ino for p in netns.iterdir() if p.name.startswith(prefix + "-")}
-        if netns.exists()
-        else set()
-    )
-    nfs_namespace = netns / f"{prefix}nfs"
-    service_namespaces = {nfs_namespace.stat().st_ino} if nfs_namespace.exists() else set()
+    named = list(netns.iterdir()) if netns.exists() else []
+    sandbox_namespaces = {_inode(p) for p in named if p.name.startswith(prefix + "-")}
+    service_namespaces = {_inode(p) for p in named if p.name == f"{prefix}nfs"}
     home_text, sandboxes = str(home).encode(), str(home / "sandboxes").encode()
     found = []
     for proc in Path("/proc").iterdir():
@@ -244,6 +240,14 @@ def _stray_processes(home: Path, prefix: str) -> list[int]:
         if home_text in cmdline or namespace in sandbox_namespaces:
             found.append(int(proc.name))
     return found
+
+
+def _inode(path: Path) -> int | None:
+    """The inode of `path`; None once it is gone (a namespace removed while counting)."""
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
 
 
 def _pids_mentioning(text: str) -> Iterator[int]:
