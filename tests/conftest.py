@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 import tempfile
@@ -13,8 +14,38 @@ import pytest
 from agentenv.cluster.postgres import LocalPostgres
 from agentenv.config import load_config
 
-from .live import LiveServer
+from .live import LiveServer, leftovers, sweep
 from .s3server import new_bucket, s3_server
+from .vmfactory import VmFactory
+
+# pytest itself names the running test here, in every phase.
+_PYTEST_OWN = {"PYTEST_CURRENT_TEST"}
+
+
+def _environment_kept(what: str) -> Iterator[None]:
+    before = dict(os.environ)
+    yield
+    names = (before.keys() | os.environ.keys()) - _PYTEST_OWN
+    changed = sorted(name for name in names if before.get(name) != os.environ.get(name))
+    # Put back, so the tests after this one run in the environment they expect.
+    for name in changed:
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            del os.environ[name]
+    assert not changed, f"{what} left the process environment changed: {changed}"
+
+
+@pytest.fixture(autouse=True)
+def _environment_kept_by_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test and its fixtures put back every variable they set (`monkeypatch.setenv`)."""
+    yield from _environment_kept(request.node.nodeid)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _environment_kept_by_the_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """So do module-scoped fixtures (`pytest.MonkeyPatch.context()`), by the module's end."""
+    yield from _environment_kept(request.node.nodeid)
 
 
 @pytest.fixture(scope="session")
@@ -30,21 +61,40 @@ def kit_ready() -> None:
 
 @pytest.fixture(scope="session")
 def server(kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server for the session; each test using it is checked by `vms`."""
     live = LiveServer(tmp_path_factory.mktemp("aenv-home"))
     live.start()
     try:
         yield live
     finally:
         live.close()
+    left = leftovers(live)
+    sweep(live)
+    assert not left, f"the session's server left {left}"
 
 
 @pytest.fixture
-def fresh_server(kit_ready: None, tmp_path: Path) -> Iterator[LiveServer]:
-    """A server of one's own, for tests that restart it or change its configuration."""
+def vms() -> Iterator[VmFactory]:
+    """The test's VM factory: what it made is killed after the test, and the host checked."""
+    factory = VmFactory()
+    yield factory
+    factory.close()
+
+
+@pytest.fixture(autouse=True)
+def _shared_server_back_to_baseline(request: pytest.FixtureRequest, vms: VmFactory) -> None:
+    """A test on the session's server leaves its host resources as it found them."""
+    if "server" in request.fixturenames:
+        vms.watch(request.getfixturevalue("server"))
+
+
+@pytest.fixture
+def fresh_server(kit_ready: None, tmp_path: Path, vms: VmFactory) -> LiveServer:
+    """A server of one's own, for tests that restart it or change its configuration;
+    closed after the test, and nothing of it may remain on the host."""
     live = LiveServer(tmp_path / "home")
     live.home.mkdir()
-    yield live
-    live.close()
+    return vms.own(live)
 
 
 @pytest.fixture(scope="session")

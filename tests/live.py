@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -103,18 +106,30 @@ class LiveServer:
 
     def close(self) -> None:
         """Kill what tests left, stop for good, and remove the server's host firewall chains."""
-        if self.proc and self.proc.poll() is None:
-            # VMs outlive the server by design; a failed test must not leave them running.
-            with self.client(key=self.api_key) as api:
-                for sandbox in api.get("/v2/sandboxes").json():
-                    api.delete(f"/sandboxes/{sandbox['sandboxID']}")
-        self.stop()
-        # The block daemon and the NFS server outlive a killed server by design; the
-        # test's home goes, so must they.
-        cfg = load_config(env=self.env)
-        BlockdClient(cfg).stop()
-        asyncio.run(NfsServer(cfg).stop())
-        remove_host_chains(self.prefix, self.network[1])
+        try:
+            if self.proc and self.proc.poll() is None:
+                # VMs outlive the server by design; a failed test must not leave them running.
+                with self.client(key=self.api_key) as api:
+                    for sandbox_id in self.sandbox_ids():
+                        api.delete(f"/sandboxes/{sandbox_id}")
+        finally:
+            self.stop()
+            # The block daemon and the NFS server outlive a killed server by design; the
+            # test's home goes, so must they.
+            cfg = load_config(env=self.env)
+            BlockdClient(cfg).stop()
+            asyncio.run(NfsServer(cfg).stop())
+            remove_host_chains(self.prefix, self.network[1])
+            # Its VMMs are gone: what is left in the run directory (kernel stubs, the RAM
+            # library) would stay in /run for every test server.
+            shutil.rmtree(run_dir_for(self.home), ignore_errors=True)
+
+    def sandbox_ids(self) -> set[str]:
+        """The sandboxes the server has, running or paused."""
+        with self.client(key=self.api_key) as api:
+            listed = api.get("/v2/sandboxes", params={"limit": 100})
+        assert listed.status_code == 200, listed.text
+        return {sandbox["sandboxID"] for sandbox in listed.json()}
 
     @property
     def api_key(self) -> str:
@@ -149,6 +164,11 @@ class HostResources:
     sockets: int
     checkpoints: int
     snapshots: int = 0
+    # Processes other than VMMs and the node's own services (block daemon, NFS server)
+    # that name the home or run in a sandbox's namespace.
+    daemons: int = 0
+    # Temporary files and directories the node makes in its home while it works.
+    scratch: int = 0
 
     @classmethod
     def measure(cls, home: Path, prefix: str) -> HostResources:
@@ -177,7 +197,57 @@ class HostResources:
         # Snapshot files (`snapshots/<name>/<tag>`), staged ones included.
         snapshot_root = home / "snapshots"
         snapshots = sum(1 for _ in snapshot_root.glob("*/*")) if snapshot_root.exists() else 0
-        return cls(vmms, namespaces, links, workdirs, mounts, sockets, checkpoints, snapshots)
+        daemons = len(_stray_processes(home, prefix))
+        scratch = sum(1 for pattern in _SCRATCH for _ in home.glob(pattern))
+        return cls(
+            vmms, namespaces, links, workdirs, mounts, sockets, checkpoints, snapshots,
+            daemons, scratch,
+        )  # fmt: skip
+
+    def transient(self) -> HostResources:
+        """All but the snapshot files: those are data a test may keep (templates, build
+        caches, named snapshots), the rest must go with the sandboxes that made them."""
+        return dataclasses.replace(self, snapshots=0)
+
+
+# The node's scratch space: snapshots being staged, volume uploads being spooled, build
+# contexts being received, chunks being fetched. Not the object store's: it is durable
+# storage, and a write a crash cut short stays there, unlisted, by design.
+_SCRATCH = ("snapshots/.staging/*", "volumes/.spool/*", ".upload-*", "cache/**/.tmp-*")
+
+
+def _stray_processes(home: Path, prefix: str) -> list[int]:
+    """Processes that name `home` or run in one of its sandboxes' namespaces, other than
+    the sandboxes' VMMs, the block daemon and the NFS server (the node's services)."""
+    netns = Path("/run/netns")
+    named = list(netns.iterdir()) if netns.exists() else []
+    sandbox_namespaces = {_inode(p) for p in named if p.name.startswith(prefix + "-")}
+    service_namespaces = {_inode(p) for p in named if p.name == f"{prefix}nfs"}
+    home_text, sandboxes = str(home).encode(), str(home / "sandboxes").encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            namespace = (proc / "ns" / "net").stat().st_ino
+        except OSError:
+            continue
+        if sandboxes in cmdline or b"agentenv.storage.blockd" in cmdline:
+            continue
+        if namespace in service_namespaces:
+            continue
+        if home_text in cmdline or namespace in sandbox_namespaces:
+            found.append(int(proc.name))
+    return found
+
+
+def _inode(path: Path) -> int | None:
+    """The inode of `path`; None once it is gone (a namespace removed while counting)."""
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
 
 
 def _pids_mentioning(text: str) -> Iterator[int]:
@@ -190,6 +260,43 @@ def _pids_mentioning(text: str) -> Iterator[int]:
                     yield int(proc.name)
             except OSError:
                 pass
+
+
+def leftovers(server: LiveServer) -> list[str]:
+    """Anything of a closed server still on the host: processes, namespaces, links,
+    mounts, its run directory. Empty once `close` did its work."""
+    home, prefix = str(server.home), server.prefix
+    found = [f"process {pid}" for pid in _pids_mentioning(home)]
+    netns = Path("/run/netns")
+    if netns.exists():
+        found += [f"namespace {p.name}" for p in netns.iterdir() if p.name.startswith(prefix)]
+    host_links = (p.name for p in Path("/sys/class/net").iterdir())
+    found += [f"link {name}" for name in host_links if name.startswith(prefix)]
+    found += [f"link nfs{prefix}"] if Path(f"/sys/class/net/nfs{prefix}").exists() else []
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    found += [f"mount {line.split()[1]}" for line in mounts if home in line]
+    run_dir = run_dir_for(server.home)
+    found += [f"run directory {run_dir}"] if run_dir.exists() else []
+    return found
+
+
+def sweep(server: LiveServer) -> None:
+    """Remove what `leftovers` finds, so that one failed check does not burden the tests
+    after it."""
+    for pid in _pids_mentioning(str(server.home)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for line in Path("/proc/mounts").read_text().splitlines():
+        if str(server.home) in line:
+            subprocess.run(["umount", "-l", line.split()[1]], check=False)
+    netns = Path("/run/netns")
+    for namespace in netns.iterdir() if netns.exists() else ():
+        if namespace.name.startswith(server.prefix):
+            subprocess.run(["ip", "netns", "del", namespace.name], check=False)
+    for link in Path("/sys/class/net").iterdir():
+        if link.name.startswith(server.prefix) or link.name == f"nfs{server.prefix}":
+            subprocess.run(["ip", "link", "del", link.name], check=False)
+    shutil.rmtree(run_dir_for(server.home), ignore_errors=True)
 
 
 def vmm_pid(server: LiveServer, sandbox_id: str) -> int | None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from ..live import HostResources, LiveServer, boot_snapshot, wait_for
-from .test_sandbox_lifecycle import create, kill, run
+from ..vmfactory import VmFactory
+from .test_sandbox_lifecycle import kill, run
 
 pytestmark = pytest.mark.vm
 
@@ -22,30 +23,28 @@ def restored(server: LiveServer, sandbox_id: str) -> bool:
     return "aenv: agent starting" not in console(server, sandbox_id)
 
 
-def test_restored_sandboxes_work_and_diverge(server: LiveServer) -> None:
+def test_restored_sandboxes_work_and_diverge(server: LiveServer, vms: VmFactory) -> None:
     assert wait_for(lambda: boot_snapshot(server, 256) is not None, 180)
-    first, second = create(server), create(server)
-    try:
-        for sandbox in (first, second):
-            assert restored(server, sandbox["sandboxID"])
-            out, _, code = run(server, sandbox, "cat /etc/debian_version; hostname; whoami")
-            assert code == 0 and out.splitlines()[1:] == ["sandbox", "user"], out
-            clock, _, _ = run(server, sandbox, "date +%s")
-            assert abs(int(clock) - time.time()) < 10
-            assert run(server, sandbox, "echo data > ~/mine; cat ~/mine")[0] == "data\n"
-        # Clones of one snapshot share the kernel's random state until /init reseeds it.
-        draw = "head -c 16 /dev/urandom | od -An -tx1"
-        draws = [run(server, sandbox, draw)[0] for sandbox in (first, second)]
-        assert draws[0] != draws[1]
-        # Each clone has its own disk: what one writes, the other does not see.
-        run(server, first, "echo only-first > ~/first")
-        assert run(server, second, "test -e ~/first && echo yes || echo no")[0] == "no\n"
-    finally:
-        kill(server, first["sandboxID"])
-        kill(server, second["sandboxID"])
+    first, second = vms.create(server), vms.create(server)
+    for sandbox in (first, second):
+        assert restored(server, sandbox["sandboxID"])
+        out, _, code = run(server, sandbox, "cat /etc/debian_version; hostname; whoami")
+        assert code == 0 and out.splitlines()[1:] == ["sandbox", "user"], out
+        clock, _, _ = run(server, sandbox, "date +%s")
+        assert abs(int(clock) - time.time()) < 10
+        assert run(server, sandbox, "echo data > ~/mine; cat ~/mine")[0] == "data\n"
+    # Clones of one snapshot share the kernel's random state until /init reseeds it.
+    draw = "head -c 16 /dev/urandom | od -An -tx1"
+    draws = [run(server, sandbox, draw)[0] for sandbox in (first, second)]
+    assert draws[0] != draws[1]
+    # Each clone has its own disk: what one writes, the other does not see.
+    run(server, first, "echo only-first > ~/first")
+    assert run(server, second, "test -e ~/first && echo yes || echo no")[0] == "no\n"
 
 
-def test_broken_snapshot_falls_back_to_boot_and_is_rebuilt(fresh_server: LiveServer) -> None:
+def test_broken_snapshot_falls_back_to_boot_and_is_rebuilt(
+    fresh_server: LiveServer, vms: VmFactory
+) -> None:
     # A VM shape of its own, so the shared snapshot other tests use is left alone.
     fresh_server.extra_env["AENV_SANDBOX_MEMORY_MB"] = "288"
     fresh_server.start()
@@ -54,7 +53,7 @@ def test_broken_snapshot_falls_back_to_boot_and_is_rebuilt(fresh_server: LiveSer
     assert broken is not None
     (broken / "vmstate").write_bytes(b"not a migration stream")
     before = HostResources.measure(fresh_server.home, fresh_server.prefix)
-    sandbox = create(fresh_server)
+    sandbox = vms.create(fresh_server)
     sandbox_id = sandbox["sandboxID"]
     assert not restored(fresh_server, sandbox_id)
     assert run(fresh_server, sandbox, "echo booted")[0] == "booted\n"
@@ -62,12 +61,9 @@ def test_broken_snapshot_falls_back_to_boot_and_is_rebuilt(fresh_server: LiveSer
     kill(fresh_server, sandbox_id)
     assert HostResources.measure(fresh_server.home, fresh_server.prefix) == before
     # The next create asks for the snapshot again; it is rebuilt and then used.
-    second = create(fresh_server)
+    second = vms.create(fresh_server)
     kill(fresh_server, second["sandboxID"])
     assert wait_for(lambda: boot_snapshot(fresh_server, 288) is not None, 180)
-    third = create(fresh_server)
-    try:
-        assert restored(fresh_server, third["sandboxID"])
-    finally:
-        kill(fresh_server, third["sandboxID"])
+    third = vms.create(fresh_server)
+    assert restored(fresh_server, third["sandboxID"])
     assert not list(Path("/run/netns").glob("aenvsnap-*"))

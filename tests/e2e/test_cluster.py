@@ -24,12 +24,13 @@ import httpx
 import pytest
 from e2b import Sandbox, Template, Volume
 
-from agentenv.cluster.local import BUCKET, S3_KEYS, ClusterState, LocalCluster
+from agentenv.cluster.local import BUCKET, S3_KEYS, ClusterState, LocalCluster, Member
 from agentenv.cluster.postgres import free_port
 from agentenv.net.netns import link_exists
 
-from ..live import AENV, wait_for
+from ..live import AENV, HostResources, wait_for
 from ..netlab import lab, probe_command, reached
+from ..vmfactory import SETTLE_S
 from .test_proxy import GUEST_DIR, echo_twice
 from .test_snapshots import TICKER, ticks
 
@@ -91,17 +92,52 @@ def cluster(kit_ready: None, request: pytest.FixtureRequest) -> Iterator[Cluster
         },
     )
     state = local.up(3)
-    os.environ["E2B_API_URL"] = os.environ["E2B_SANDBOX_URL"] = state.control.url
-    os.environ["E2B_API_KEY"] = state.api_key
     try:
-        yield Cluster(local, state)
+        # The SDK's three variables, for the module's tests; put back as they were after.
+        with pytest.MonkeyPatch.context() as environment:
+            environment.setenv("E2B_API_URL", state.control.url)
+            environment.setenv("E2B_SANDBOX_URL", state.control.url)
+            environment.setenv("E2B_API_KEY", state.api_key)
+            yield Cluster(local, state)
     finally:
         if request.session.testsfailed > failed_before:
             _show_logs(request, state)
         local.down()
-        for name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
-            os.environ.pop(name, None)
         subprocess.run(["rm", "-rf", str(directory)], check=False)
+
+
+def _live_nodes(cluster: Cluster) -> list[Member]:
+    return [m for m in cluster.state.members if m.role == "node" and _alive(m.pid)]
+
+
+def _node_resources(cluster: Cluster, node: Member) -> HostResources:
+    """What the node's sandboxes hold on the host (their veths are in the node's own
+    namespace, out of sight here; everything else is counted)."""
+    prefix = cluster.state.network.node_prefix(node.index)
+    return HostResources.measure(Path(node.home), prefix).transient()
+
+
+def _sandbox_ids(cluster: Cluster) -> set[str]:
+    return {s["sandboxID"] for s in cluster.api.get("/v2/sandboxes").json()}
+
+
+@pytest.fixture(autouse=True)
+def nodes_back_to_baseline(cluster: Cluster) -> Iterator[None]:
+    """The sandboxes a test made are killed through the control plane after it, and each
+    node that lived through the test holds on the host what it held before."""
+    before = {node.name: _node_resources(cluster, node) for node in _live_nodes(cluster)}
+    sandboxes = _sandbox_ids(cluster)
+    yield
+    if not _alive(cluster.state.control.pid):
+        return  # `down`: the test itself checks that nothing is left
+    for sandbox_id in _sandbox_ids(cluster) - sandboxes:
+        cluster.api.delete(f"/sandboxes/{sandbox_id}")
+    for node in (n for n in _live_nodes(cluster) if n.name in before):
+        kept = before[node.name]
+        settled = wait_for(
+            lambda node=node, kept=kept: _node_resources(cluster, node) == kept, SETTLE_S
+        )
+        assert settled, (node.name, kept, _node_resources(cluster, node))
 
 
 def test_the_sdk_works_through_the_control_url(cluster: Cluster) -> None:

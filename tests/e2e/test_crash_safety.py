@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from ..live import HostResources, LiveServer
-from .test_sandbox_lifecycle import create, run
+from ..vmfactory import VmFactory
+from .test_sandbox_lifecycle import run
 
 pytestmark = pytest.mark.vm
 
@@ -118,10 +119,10 @@ def test_crash_during_create_leaves_nothing(fresh_server: LiveServer, point: str
     assert settled(fresh_server, {}, 0) == {}
 
 
-def counting_sandbox(server: LiveServer) -> tuple[dict[str, Any], int]:
+def counting_sandbox(server: LiveServer, vms: VmFactory) -> tuple[dict[str, Any], int]:
     """The server (re)started, and a sandbox on it whose counter runs: it, and the floor."""
     restart(server)
-    sandbox = create(server)
+    sandbox = vms.create(server)
     return sandbox, start_counting(server, sandbox)
 
 
@@ -131,8 +132,8 @@ def arm(server: LiveServer, point: str) -> None:
     restart(server, crash_at=point)
 
 
-def paused_with_counter(server: LiveServer) -> tuple[dict[str, Any], int]:
-    sandbox, floor = counting_sandbox(server)
+def paused_with_counter(server: LiveServer, vms: VmFactory) -> tuple[dict[str, Any], int]:
+    sandbox, floor = counting_sandbox(server, vms)
     with server.client() as api:
         assert api.post(f"/sandboxes/{sandbox['sandboxID']}/pause", json={}).status_code == 204
     return sandbox, floor
@@ -142,8 +143,10 @@ def paused_with_counter(server: LiveServer) -> tuple[dict[str, Any], int]:
     ("point", "outcome"),
     [("pause.begun", "running"), ("pause.saved", "paused"), ("pause.stopped", "paused")],
 )
-def test_crash_during_pause(fresh_server: LiveServer, point: str, outcome: str) -> None:
-    sandbox, floor = counting_sandbox(fresh_server)
+def test_crash_during_pause(
+    fresh_server: LiveServer, vms: VmFactory, point: str, outcome: str
+) -> None:
+    sandbox, floor = counting_sandbox(fresh_server, vms)
     sid = sandbox["sandboxID"]
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/pause", {})
@@ -161,8 +164,10 @@ def test_crash_during_pause(fresh_server: LiveServer, point: str, outcome: str) 
         ("resume.initialized", "running"),
     ],
 )
-def test_crash_during_resume(fresh_server: LiveServer, point: str, outcome: str) -> None:
-    sandbox, floor = paused_with_counter(fresh_server)
+def test_crash_during_resume(
+    fresh_server: LiveServer, vms: VmFactory, point: str, outcome: str
+) -> None:
+    sandbox, floor = paused_with_counter(fresh_server, vms)
     sid = sandbox["sandboxID"]
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/v2/sandboxes/{sid}/connect", {"timeout": 120})
@@ -180,8 +185,8 @@ def test_crash_during_resume(fresh_server: LiveServer, point: str, outcome: str)
         "fork.children",
     ],
 )
-def test_crash_during_fork(fresh_server: LiveServer, point: str) -> None:
-    parent, floor = counting_sandbox(fresh_server)
+def test_crash_during_fork(fresh_server: LiveServer, vms: VmFactory, point: str) -> None:
+    parent, floor = counting_sandbox(fresh_server, vms)
     sid = parent["sandboxID"]
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/fork", {"count": 2})
@@ -194,9 +199,11 @@ def test_crash_during_fork(fresh_server: LiveServer, point: str) -> None:
 
 
 @pytest.mark.parametrize("operation", ["pause", "fork"])
-def test_sigkill_swept_over_an_operation(fresh_server: LiveServer, operation: str) -> None:
+def test_sigkill_swept_over_an_operation(
+    fresh_server: LiveServer, vms: VmFactory, operation: str
+) -> None:
     """A timed SIGKILL at several delays into the operation, whatever step that is."""
-    sandbox, floor = counting_sandbox(fresh_server)
+    sandbox, floor = counting_sandbox(fresh_server, vms)
     sid = sandbox["sandboxID"]
     for delay in (0.0, 0.01, 0.02, 0.04, 0.08):
         path = f"/sandboxes/{sid}/pause" if operation == "pause" else f"/sandboxes/{sid}/fork"
@@ -231,9 +238,9 @@ def _no_snapshots_left(server: LiveServer) -> None:
 
 
 @pytest.mark.parametrize("point", ["checkpoint.frozen", "snapshot.copied", "snapshot.placed"])
-def test_crash_during_snapshot(fresh_server: LiveServer, point: str) -> None:
+def test_crash_during_snapshot(fresh_server: LiveServer, vms: VmFactory, point: str) -> None:
     """The source runs on; a snapshot is recorded whole or not at all, no files left."""
-    sandbox, floor = counting_sandbox(fresh_server)
+    sandbox, floor = counting_sandbox(fresh_server, vms)
     sid = sandbox["sandboxID"]
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/snapshots", {})
@@ -252,9 +259,11 @@ def test_crash_during_snapshot(fresh_server: LiveServer, point: str) -> None:
         ("resume.restored", "running"),
     ],
 )
-def test_crash_during_rollback(fresh_server: LiveServer, point: str, outcome: str) -> None:
+def test_crash_during_rollback(
+    fresh_server: LiveServer, vms: VmFactory, point: str, outcome: str
+) -> None:
     """Once committed, a rollback ends paused at its snapshot or running from it."""
-    sandbox, floor = counting_sandbox(fresh_server)
+    sandbox, floor = counting_sandbox(fresh_server, vms)
     sid = sandbox["sandboxID"]
     snapshot = _snapshot(fresh_server, sid)
     arm(fresh_server, point)
@@ -268,9 +277,9 @@ def test_crash_during_rollback(fresh_server: LiveServer, point: str, outcome: st
     ("point", "outcome"), [("pause.begun", "running"), ("pause.stopped", "paused")]
 )
 def test_crash_during_a_filesystem_pause(
-    fresh_server: LiveServer, point: str, outcome: str
+    fresh_server: LiveServer, vms: VmFactory, point: str, outcome: str
 ) -> None:
-    sandbox, floor = counting_sandbox(fresh_server)
+    sandbox, floor = counting_sandbox(fresh_server, vms)
     sid = sandbox["sandboxID"]
     arm(fresh_server, point)
     call_until_crash(fresh_server, "POST", f"/sandboxes/{sid}/pause", {"memory": False})
@@ -280,10 +289,10 @@ def test_crash_during_a_filesystem_pause(
     kill_all(fresh_server, [sid])
 
 
-def test_crash_during_an_upload(fresh_server: LiveServer) -> None:
+def test_crash_during_an_upload(fresh_server: LiveServer, vms: VmFactory) -> None:
     """The server dies after an upload wrote its layers but before recording them: the
     sandbox stays paused and the upload is done again."""
-    sandbox, floor = paused_with_counter(fresh_server)
+    sandbox, floor = paused_with_counter(fresh_server, vms)
     sid = sandbox["sandboxID"]
     arm(fresh_server, "upload.stored")
     assert fresh_server.proc is not None

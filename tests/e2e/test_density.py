@@ -16,7 +16,8 @@ import pytest
 from agentenv.runtime.memory.admission import available_memory_mb, total_memory_mb
 
 from ..live import HostResources, LiveServer, vmm_pid, wait_for
-from .test_sandbox_lifecycle import create, kill, run
+from ..vmfactory import VmFactory
+from .test_sandbox_lifecycle import kill, run
 
 pytestmark = pytest.mark.vm
 
@@ -51,23 +52,20 @@ def start_and_wait(server: LiveServer, sandbox: dict[str, Any], program: str, do
     assert wait_for(lambda: run(server, sandbox, f"test -f {done}")[2] == 0, 120)
 
 
-def test_memory_a_guest_frees_returns_to_the_host(server: LiveServer) -> None:
-    sandbox = create(server)
+def test_memory_a_guest_frees_returns_to_the_host(server: LiveServer, vms: VmFactory) -> None:
+    sandbox = vms.create(server)
     sandbox_id = sandbox["sandboxID"]
-    try:
-        start_and_wait(server, sandbox, HOLD, "/tmp/held")
-        holding = host_mb(server, sandbox_id)
-        assert holding > 150, holding
-        run(server, sandbox, "pkill -f os.urandom; true")
-        # Free page reporting hands the freed blocks back within seconds.
-        assert wait_for(lambda: host_mb(server, sandbox_id) < holding - 90, 30), (
-            holding,
-            host_mb(server, sandbox_id),
-        )
-        log = (server.home / "sandboxes" / sandbox_id / "vmm.log").read_text()
-        assert "Discarding RAM" not in log or "readonly files" not in log
-    finally:
-        kill(server, sandbox_id)
+    start_and_wait(server, sandbox, HOLD, "/tmp/held")
+    holding = host_mb(server, sandbox_id)
+    assert holding > 150, holding
+    run(server, sandbox, "pkill -f os.urandom; true")
+    # Free page reporting hands the freed blocks back within seconds.
+    assert wait_for(lambda: host_mb(server, sandbox_id) < holding - 90, 30), (
+        holding,
+        host_mb(server, sandbox_id),
+    )
+    log = (server.home / "sandboxes" / sandbox_id / "vmm.log").read_text()
+    assert "Discarding RAM" not in log or "readonly files" not in log
 
 
 # Writes 96 MiB one page per mapping, then unmaps every other page: 48 MiB free in the
@@ -81,125 +79,112 @@ FRAGMENT = (
 )
 
 
-def test_scattered_free_pages_return_to_the_host(server: LiveServer) -> None:
+def test_scattered_free_pages_return_to_the_host(server: LiveServer, vms: VmFactory) -> None:
     """The guest reports single free pages, not only free 2 MiB blocks."""
-    sandbox = create(server)
+    sandbox = vms.create(server)
     sandbox_id = sandbox["sandboxID"]
-    try:
-        start_and_wait(server, sandbox, FRAGMENT, "/tmp/freed")
-        order = "/sys/module/page_reporting/parameters/page_reporting_order"
-        assert run(server, sandbox, f"cat {order}", user="root")[0].strip() == "0"
-        # 48 MiB the process still holds; the other 48 MiB go back, page by page.
-        holding = host_mb(server, sandbox_id)
-        assert wait_for(lambda: host_mb(server, sandbox_id) < holding - 30, 90), (
-            holding,
-            host_mb(server, sandbox_id),
+    start_and_wait(server, sandbox, FRAGMENT, "/tmp/freed")
+    order = "/sys/module/page_reporting/parameters/page_reporting_order"
+    assert run(server, sandbox, f"cat {order}", user="root")[0].strip() == "0"
+    # 48 MiB the process still holds; the other 48 MiB go back, page by page.
+    holding = host_mb(server, sandbox_id)
+    assert wait_for(lambda: host_mb(server, sandbox_id) < holding - 30, 90), (
+        holding,
+        host_mb(server, sandbox_id),
+    )
+
+
+def test_a_restored_vm_holds_no_copy_of_the_kernel(server: LiveServer, vms: VmFactory) -> None:
+    sandbox = vms.create(server)  # restored from the boot snapshot
+    pid = vmm_pid(server, sandbox["sandboxID"])
+    assert pid is not None
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    # QEMU reads -kernel and -initrd whole into its memory: a restored guest gets
+    # the kernel's setup header only, and no initrd.
+    assert "-initrd" not in argv and "-incoming" in argv
+    assert Path(argv[argv.index("-kernel") + 1]).stat().st_size < 64 * 1024
+    assert run(server, sandbox, "uname -r")[2] == 0
+
+
+def test_a_balloon_takes_memory_from_the_guest_and_gives_it_back(
+    server: LiveServer, vms: VmFactory
+) -> None:
+    sandbox = vms.create(server)
+    sandbox_id = sandbox["sandboxID"]
+    before = guest_available_mb(server, sandbox)
+    with server.client() as api:
+        assert (
+            api.put(f"/sandboxes/{sandbox_id}/balloon", json={"targetMB": 160}).status_code == 204
         )
-    finally:
-        kill(server, sandbox_id)
-
-
-def test_a_restored_vm_holds_no_copy_of_the_kernel(server: LiveServer) -> None:
-    sandbox = create(server)  # restored from the boot snapshot
-    try:
-        pid = vmm_pid(server, sandbox["sandboxID"])
-        assert pid is not None
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        # QEMU reads -kernel and -initrd whole into its memory: a restored guest gets
-        # the kernel's setup header only, and no initrd.
-        assert "-initrd" not in argv and "-incoming" in argv
-        assert Path(argv[argv.index("-kernel") + 1]).stat().st_size < 64 * 1024
-        assert run(server, sandbox, "uname -r")[2] == 0
-    finally:
-        kill(server, sandbox["sandboxID"])
-
-
-def test_a_balloon_takes_memory_from_the_guest_and_gives_it_back(server: LiveServer) -> None:
-    sandbox = create(server)
-    sandbox_id = sandbox["sandboxID"]
-    try:
-        before = guest_available_mb(server, sandbox)
-        with server.client() as api:
-            assert (
-                api.put(f"/sandboxes/{sandbox_id}/balloon", json={"targetMB": 160}).status_code
-                == 204
-            )
-            assert wait_for(
-                lambda: api.get(f"/sandboxes/{sandbox_id}/balloon").json()["actualMB"] == 160, 30
-            )
-            assert wait_for(lambda: guest_available_mb(server, sandbox) <= before - 70, 30)
-            # The guest's report arrives with the device's next poll.
-            assert wait_for(
-                lambda: (
-                    api.get(f"/sandboxes/{sandbox_id}/balloon").json().get("totalMB") is not None
-                ),
-                30,
-            )
-            # Out of bounds: a clear 400, nothing changed.
-            refused = api.put(f"/sandboxes/{sandbox_id}/balloon", json={"targetMB": 100_000})
-            assert refused.status_code == 400 and "balloon target" in refused.json()["message"]
-            assert (
-                api.put(f"/sandboxes/{sandbox_id}/balloon", json={"targetMB": 256}).status_code
-                == 204
-            )
-            assert wait_for(lambda: guest_available_mb(server, sandbox) >= before - 20, 30)
-    finally:
-        kill(server, sandbox_id)
+        assert wait_for(
+            lambda: api.get(f"/sandboxes/{sandbox_id}/balloon").json()["actualMB"] == 160, 30
+        )
+        assert wait_for(lambda: guest_available_mb(server, sandbox) <= before - 70, 30)
+        # The guest's report arrives with the device's next poll.
+        assert wait_for(
+            lambda: api.get(f"/sandboxes/{sandbox_id}/balloon").json().get("totalMB") is not None,
+            30,
+        )
+        # Out of bounds: a clear 400, nothing changed.
+        refused = api.put(f"/sandboxes/{sandbox_id}/balloon", json={"targetMB": 100_000})
+        assert refused.status_code == 400 and "balloon target" in refused.json()["message"]
+        assert (
+            api.put(f"/sandboxes/{sandbox_id}/balloon", json={"targetMB": 256}).status_code == 204
+        )
+        assert wait_for(lambda: guest_available_mb(server, sandbox) >= before - 20, 30)
 
 
 def test_an_idle_guest_drops_its_caches_and_the_node_reports_memory(
     fresh_server: LiveServer,
+    vms: VmFactory,
 ) -> None:
     fresh_server.extra_env["AENV_SANDBOX_RECLAIM_AFTER_IDLE"] = "4"
     fresh_server.extra_env["AENV_SANDBOX_MEMORY_SAMPLE_INTERVAL"] = "1"
     fresh_server.start()
-    sandbox = create(fresh_server)
+    sandbox = vms.create(fresh_server)
     sandbox_id = sandbox["sandboxID"]
-    try:
-        # 60 MiB of page cache: written, flushed, read back.
-        run(
-            fresh_server,
-            sandbox,
-            "head -c 60M /dev/urandom > ~/blob && sync && cat ~/blob > /dev/null",
-        )
-        cached = metrics(fresh_server, sandbox_id)["memCache"] // MIB
-        assert cached >= 60, cached
-        # Nobody calls it now (metrics are a probe): the guest drops what it cached.
-        assert wait_for(
-            lambda: metrics(fresh_server, sandbox_id)["memCache"] // MIB < cached - 40, 60
-        )
-        with fresh_server.client() as api:
-            listed = {s["sandboxID"]: s for s in api.get("/v2/sandboxes").json()}
-            assert wait_for(lambda: api.get("/v2/sandboxes").json()[0].get("hostMemoryMB"), 10)
-            listed = {s["sandboxID"]: s for s in api.get("/v2/sandboxes").json()}
-            assert 0 < listed[sandbox_id]["hostMemoryMB"] < 256 + 128
-        prometheus = httpx.get(fresh_server.url + "/metrics").text
-        pattern = rf'aenv_sandbox_memory_bytes{{kind="host_pss",sandbox="{sandbox_id}"}} (\S+)'
-        found = re.search(pattern, prometheus)
-        assert found is not None and float(found.group(1)) > 0, prometheus[-2000:]
-        assert 'aenv_node_memory_mb{kind="held"}' in prometheus
-        # Its own idle-pause policy pauses a sandbox once idle that long; the other stays.
-        sleepy = create(fresh_server, pauseAfterIdle=5)["sandboxID"]
-        with fresh_server.client() as api:
+    # 60 MiB of page cache: written, flushed, read back.
+    run(
+        fresh_server,
+        sandbox,
+        "head -c 60M /dev/urandom > ~/blob && sync && cat ~/blob > /dev/null",
+    )
+    cached = metrics(fresh_server, sandbox_id)["memCache"] // MIB
+    assert cached >= 60, cached
+    # Nobody calls it now (metrics are a probe): the guest drops what it cached.
+    assert wait_for(lambda: metrics(fresh_server, sandbox_id)["memCache"] // MIB < cached - 40, 60)
+    with fresh_server.client() as api:
+        listed = {s["sandboxID"]: s for s in api.get("/v2/sandboxes").json()}
+        assert wait_for(lambda: api.get("/v2/sandboxes").json()[0].get("hostMemoryMB"), 10)
+        listed = {s["sandboxID"]: s for s in api.get("/v2/sandboxes").json()}
+        assert 0 < listed[sandbox_id]["hostMemoryMB"] < 256 + 128
+    prometheus = httpx.get(fresh_server.url + "/metrics").text
+    pattern = rf'aenv_sandbox_memory_bytes{{kind="host_pss",sandbox="{sandbox_id}"}} (\S+)'
+    found = re.search(pattern, prometheus)
+    assert found is not None and float(found.group(1)) > 0, prometheus[-2000:]
+    assert 'aenv_node_memory_mb{kind="held"}' in prometheus
+    # Its own idle-pause policy pauses a sandbox once idle that long; the other stays.
+    sleepy = vms.create(fresh_server, pauseAfterIdle=5)["sandboxID"]
+    with fresh_server.client() as api:
 
-            def state(sid: str) -> str:
-                return api.get(f"/sandboxes/{sid}").json()["state"]
+        def state(sid: str) -> str:
+            return api.get(f"/sandboxes/{sid}").json()["state"]
 
-            assert wait_for(lambda: state(sleepy) == "paused", 60)
-            assert state(sandbox_id) == "running"
-            kill(fresh_server, sleepy)
-    finally:
-        kill(fresh_server, sandbox_id)
+        assert wait_for(lambda: state(sleepy) == "paused", 60)
+        assert state(sandbox_id) == "running"
+        kill(fresh_server, sleepy)
 
 
-def test_a_create_storm_gets_what_fits_and_clear_refusals(fresh_server: LiveServer) -> None:
+def test_a_create_storm_gets_what_fits_and_clear_refusals(
+    fresh_server: LiveServer, vms: VmFactory
+) -> None:
     """Eight creates at once where three 256 MiB sandboxes fit: three run, five get 503
     naming memory, and nothing is left half-made."""
     room = (total_memory_mb() - 512) / (3.5 * 256)  # three fit, four do not
     fresh_server.extra_env["AENV_SANDBOX_MEMORY_OVERCOMMIT"] = f"{1 / room:.9f}"
     fresh_server.start()
     # First one alone, so that the boot snapshot exists and the storm's creates are quick.
-    kill(fresh_server, create(fresh_server)["sandboxID"])
+    kill(fresh_server, vms.create(fresh_server)["sandboxID"])
     with fresh_server.client() as api:
 
         def attempt(_: int) -> httpx.Response:
@@ -222,6 +207,7 @@ def test_a_create_storm_gets_what_fits_and_clear_refusals(fresh_server: LiveServ
 
 def test_admission_lets_a_create_in_once_a_guest_gave_memory_back(
     fresh_server: LiveServer,
+    vms: VmFactory,
 ) -> None:
     """The live check: a create needs its whole memory available above the reserve. With
     the reserve set 200 MiB under what a new 512 MiB sandbox leaves, a guest holding 300
@@ -229,7 +215,7 @@ def test_admission_lets_a_create_in_once_a_guest_gave_memory_back(
     margins (100 MiB one way, 200 the other) are the host's own drift over a long run."""
     fresh_server.extra_env["AENV_SANDBOX_MEMORY_MB"] = "512"
     fresh_server.start()
-    holder = create(fresh_server)
+    holder = vms.create(fresh_server)
     run(fresh_server, holder, "echo warm")
     # The reserve is read at start; the holder keeps running across the restart.
     fresh_server.stop()

@@ -22,7 +22,8 @@ from agentenv.storage.blockd import BlockdClient
 from ..images.oci_build import LayerBuilder, build_image, build_layer, push_image
 from ..images.registry_server import Registry, running_registry
 from ..live import AENV, TEST_KEY, LiveServer
-from .test_sandbox_lifecycle import create, kill, run
+from ..vmfactory import VmFactory
+from .test_sandbox_lifecycle import kill, run
 
 pytestmark = pytest.mark.vm
 
@@ -106,13 +107,13 @@ def check_app(server: LiveServer, sandbox: dict) -> None:
     assert lines[3:] == ["app"]
 
 
-def test_pull_with_cli_then_sandbox(server: LiveServer, images: Images) -> None:
+def test_pull_with_cli_then_sandbox(server: LiveServer, images: Images, vms: VmFactory) -> None:
     pulled = aenv(server, "pull", images.app, "--name", "app")
     assert pulled.returncode == 0, pulled.stderr.decode()
     assert pulled.stdout.decode().strip() == "app"
     listed = json.loads(aenv(server, "template", "ls", "-o", "json").stdout)
     assert {"base", "app"} <= {t["templateID"] for t in listed}
-    sandbox = create(server, templateID="app")
+    sandbox = vms.create(server, templateID="app")
     check_app(server, sandbox)
     kill(server, sandbox["sandboxID"])
     with server.client() as api:
@@ -123,8 +124,10 @@ def test_pull_with_cli_then_sandbox(server: LiveServer, images: Images) -> None:
         assert missing.json()["code"] == 404
 
 
-def test_sandbox_straight_from_an_image_reference(server: LiveServer, images: Images) -> None:
-    sandbox = create(server, templateID=images.other)
+def test_sandbox_straight_from_an_image_reference(
+    server: LiveServer, images: Images, vms: VmFactory
+) -> None:
+    sandbox = vms.create(server, templateID=images.other)
     out, _, code = run(server, sandbox, "sha256sum /opt/other.bin; cat /etc/debian_version")
     assert code == 0
     assert out.split()[0] == sha(OTHER_DATA)
@@ -135,7 +138,9 @@ def _cache_stats(server: LiveServer) -> dict:
     return BlockdClient(load_config(env=server.env)).stats()["cache"]
 
 
-def test_small_cache_runs_every_image(fresh_server: LiveServer, images: Images) -> None:
+def test_small_cache_runs_every_image(
+    fresh_server: LiveServer, images: Images, vms: VmFactory
+) -> None:
     """A cache a fifth of the images' size still runs each, one after another and at once."""
     fresh_server.start()
     with fresh_server.client() as api:
@@ -151,18 +156,18 @@ def test_small_cache_runs_every_image(fresh_server: LiveServer, images: Images) 
     BlockdClient(load_config(env=fresh_server.env)).stop()  # restart it with the small cap
     fresh_server.start()
 
-    first = create(fresh_server, templateID="app")
+    first = vms.create(fresh_server, templateID="app")
     stats = _cache_stats(fresh_server)
     # The sandbox answered while most of its image was still only in the object store.
     assert stats["fetched_bytes"] < total / 2
     check_app(fresh_server, first)
     kill(fresh_server, first["sandboxID"])
-    second = create(fresh_server, templateID="other")
+    second = vms.create(fresh_server, templateID="other")
     assert run(fresh_server, second, "sha256sum /opt/other.bin")[0].split()[0] == sha(OTHER_DATA)
     kill(fresh_server, second["sandboxID"])
 
     with ThreadPoolExecutor(2) as pool:
-        boxes = list(pool.map(lambda t: create(fresh_server, templateID=t), ["app", "other"]))
+        boxes = list(pool.map(lambda t: vms.create(fresh_server, templateID=t), ["app", "other"]))
     check_app(fresh_server, boxes[0])
     assert run(fresh_server, boxes[1], "sha256sum /opt/other.bin")[0].split()[0] == sha(OTHER_DATA)
     for box in boxes:
@@ -180,7 +185,7 @@ def test_small_cache_runs_every_image(fresh_server: LiveServer, images: Images) 
 
 
 def test_s3_backend_end_to_end(
-    fresh_server: LiveServer, images: Images, s3_endpoint: str, s3_bucket: str
+    fresh_server: LiveServer, images: Images, s3_endpoint: str, s3_bucket: str, vms: VmFactory
 ) -> None:
     """Layers and templates in S3 (a real S3 server); a second node, sharing the state
     store, sees the template and resumes a sandbox of it the first node paused."""
@@ -197,10 +202,10 @@ def test_s3_backend_end_to_end(
     fresh_server.start()
     assert aenv(fresh_server, "pull", images.app, "--name", "app").returncode == 0
     assert not (fresh_server.home / "objects").exists()
-    sandbox = create(fresh_server, templateID="app")
+    sandbox = vms.create(fresh_server, templateID="app")
     check_app(fresh_server, sandbox)
     kill(fresh_server, sandbox["sandboxID"])
-    paused = create(fresh_server, templateID="app")
+    paused = vms.create(fresh_server, templateID="app")
     assert run(fresh_server, paused, "echo kept > /tmp/kept; echo kept > note")[2] == 0
     _pause_until_stored(fresh_server, paused["sandboxID"])
     fresh_server.stop()
@@ -210,23 +215,20 @@ def test_s3_backend_end_to_end(
         subprocess.run(["ip", "netns", "del", netns], check=False)
 
     # Another home: the template's image is served under another path there.
-    second = LiveServer(fresh_server.home.parent / "second-node", extra_env=dict(s3))
+    second = vms.own(LiveServer(fresh_server.home.parent / "second-node", extra_env=dict(s3)))
     second.home.mkdir()
     second.start()
-    try:
-        with second.client() as api:
-            assert "app" in {t["templateID"] for t in api.get("/v2/templates").json()}
-            resumed = api.post(f"/sandboxes/{paused['sandboxID']}/connect", json={"timeout": 60})
-            assert resumed.status_code in (200, 201), resumed.text
-        out, err, code = run(second, resumed.json(), "cat /tmp/kept note; sha256sum data.bin")
-        assert code == 0, err
-        assert out.splitlines()[:2] == ["kept", "kept"] and sha(APP_DATA) in out
-        kill(second, paused["sandboxID"])
-        box = create(second, templateID="app")
-        check_app(second, box)
-        kill(second, box["sandboxID"])
-    finally:
-        second.close()
+    with second.client() as api:
+        assert "app" in {t["templateID"] for t in api.get("/v2/templates").json()}
+        resumed = api.post(f"/sandboxes/{paused['sandboxID']}/connect", json={"timeout": 60})
+        assert resumed.status_code in (200, 201), resumed.text
+    out, err, code = run(second, resumed.json(), "cat /tmp/kept note; sha256sum data.bin")
+    assert code == 0, err
+    assert out.splitlines()[:2] == ["kept", "kept"] and sha(APP_DATA) in out
+    kill(second, paused["sandboxID"])
+    box = vms.create(second, templateID="app")
+    check_app(second, box)
+    kill(second, box["sandboxID"])
 
 
 def _pause_until_stored(server: LiveServer, sandbox_id: str) -> None:

@@ -25,7 +25,8 @@ from ..netlab import (
     reached,
     serving,
 )
-from .test_sandbox_lifecycle import create, kill, run
+from ..vmfactory import VmFactory
+from .test_sandbox_lifecycle import kill, run
 
 pytestmark = pytest.mark.vm
 
@@ -73,36 +74,35 @@ def serve_in_guest(server: LiveServer, sandbox: dict[str, Any], port: int, reply
     return url
 
 
-def test_guest_reaches_the_internet_and_nothing_else(server: LiveServer, around: Lab) -> None:
-    guest, neighbour = create(server), create(server)
-    closed_box = create(server, allow_internet_access=False)
+def test_guest_reaches_the_internet_and_nothing_else(
+    server: LiveServer, around: Lab, vms: VmFactory
+) -> None:
+    guest, neighbour = vms.create(server), vms.create(server)
+    closed_box = vms.create(server, allow_internet_access=False)
     netns = f"{server.prefix}-{guest['sandboxID']}"
-    try:
-        # The host reaches a guest on any port through its namespace address (so does the
-        # proxy, which `run` goes through).
-        neighbour_url = serve_in_guest(server, neighbour, 8080, "neighbour")
-        neighbour_ip = namespace_ip(server, neighbour["sandboxID"])
-        with serving("namespace", netns=netns) as namespace_port:
-            closed = [
-                # Its own and the neighbour's host-side addresses are among the host's.
-                *(around.url("host", address) for address in host_addresses()),
-                neighbour_url,
-                f"http://{neighbour_ip}:{ENVD_PORT}/health",
-                f"http://{GATEWAY}:{namespace_port}/",
-                f"http://{namespace_ip(server, guest['sandboxID'])}:{namespace_port}/",
-                around.url("private"),
-                around.url("metadata"),
-            ]
-            internet = around.url("internet")
-            assert reached(probe(server, guest, [internet, *closed])) == {internet: "internet"}
-        assert reached(probe(server, closed_box, [internet])) == {}
-    finally:
-        for sandbox in (guest, neighbour, closed_box):
-            kill(server, sandbox["sandboxID"])
+    # The host reaches a guest on any port through its namespace address (so does the
+    # proxy, which `run` goes through).
+    neighbour_url = serve_in_guest(server, neighbour, 8080, "neighbour")
+    neighbour_ip = namespace_ip(server, neighbour["sandboxID"])
+    with serving("namespace", netns=netns) as namespace_port:
+        closed = [
+            # Its own and the neighbour's host-side addresses are among the host's.
+            *(around.url("host", address) for address in host_addresses()),
+            neighbour_url,
+            f"http://{neighbour_ip}:{ENVD_PORT}/health",
+            f"http://{GATEWAY}:{namespace_port}/",
+            f"http://{namespace_ip(server, guest['sandboxID'])}:{namespace_port}/",
+            around.url("private"),
+            around.url("metadata"),
+        ]
+        internet = around.url("internet")
+        assert reached(probe(server, guest, [internet, *closed])) == {internet: "internet"}
+    assert reached(probe(server, closed_box, [internet])) == {}
 
 
 def test_operator_allows_a_private_range_and_names_the_resolver(
     fresh_server: LiveServer,
+    vms: VmFactory,
 ) -> None:
     """An allowed range opens a private service but not the host's address inside it; the
     guest's resolver is its gateway, which forwards to the configured server only."""
@@ -111,7 +111,7 @@ def test_operator_allows_a_private_range_and_names_the_resolver(
         fresh_server.extra_env["AENV_NET_ALLOWED_RANGES"] = str(private_net)
         fresh_server.extra_env["AENV_NET_DNS_SERVER"] = around.resolver.ip
         fresh_server.start()
-        sandbox = create(fresh_server)
+        sandbox = vms.create(fresh_server)
         private, resolve = around.url("private"), f"dns://{GATEWAY}/example.test"
         closed = [
             around.url("host", around.private.host_ip),

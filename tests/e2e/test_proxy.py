@@ -12,7 +12,8 @@ import pytest
 import websockets
 
 from ..live import LiveServer, wait_for
-from .test_sandbox_lifecycle import create, kill, run
+from ..vmfactory import VmFactory
+from .test_sandbox_lifecycle import kill, run
 
 pytestmark = pytest.mark.vm
 
@@ -33,8 +34,8 @@ def _serve_in_guest(server: LiveServer, sandbox: dict, command: str, port: int) 
     assert wait_for(up, timeout=30), run(server, sandbox, "cat /tmp/server.log")[0]
 
 
-def test_guest_http_server_by_header_and_path(server: LiveServer) -> None:
-    sandbox = create(server)
+def test_guest_http_server_by_header_and_path(server: LiveServer, vms: VmFactory) -> None:
+    sandbox = vms.create(server)
     sid = sandbox["sandboxID"]
     run(server, sandbox, "mkdir -p /tmp/www && echo hello-from-guest > /tmp/www/index.txt")
     _serve_in_guest(server, sandbox, "python3 -m http.server 8080 -d /tmp/www", 8080)
@@ -50,10 +51,10 @@ def test_guest_http_server_by_header_and_path(server: LiveServer) -> None:
     kill(server, sid)
 
 
-def test_host_routing_with_a_sandbox_domain(fresh_server: LiveServer) -> None:
+def test_host_routing_with_a_sandbox_domain(fresh_server: LiveServer, vms: VmFactory) -> None:
     fresh_server.extra_env["AENV_SERVER_DOMAIN"] = "sbx.test"
     fresh_server.start()
-    sandbox = create(fresh_server)
+    sandbox = vms.create(fresh_server)
     assert sandbox["domain"] == "sbx.test"
     sid = sandbox["sandboxID"]
     health = httpx.get(fresh_server.url + "/health", headers={"Host": f"49983-{sid}.sbx.test"})
@@ -63,9 +64,9 @@ def test_host_routing_with_a_sandbox_domain(fresh_server: LiveServer) -> None:
     kill(fresh_server, sid)
 
 
-def test_access_tokens(server: LiveServer) -> None:
-    first = create(server, secure=True)
-    second = create(server, secure=True)
+def test_access_tokens(server: LiveServer, vms: VmFactory) -> None:
+    first = vms.create(server, secure=True)
+    second = vms.create(server, secure=True)
     token = first["envdAccessToken"]
     assert token and token != second["envdAccessToken"]
     url = server.url + "/process.Process/List"
@@ -97,8 +98,8 @@ async def echo_twice(ws_url: str) -> list[str]:
         return replies
 
 
-def test_websocket_bridged(server: LiveServer) -> None:
-    sandbox = create(server)
+def test_websocket_bridged(server: LiveServer, vms: VmFactory) -> None:
+    sandbox = vms.create(server)
     sid = sandbox["sandboxID"]
     headers = {"E2b-Sandbox-Id": sid, "X-Access-Token": sandbox["envdAccessToken"]}
     with httpx.Client(base_url=server.url, headers=headers) as envd:
@@ -111,8 +112,8 @@ def test_websocket_bridged(server: LiveServer) -> None:
     kill(server, sid)
 
 
-def test_metrics_are_real(server: LiveServer) -> None:
-    sandbox = create(server)
+def test_metrics_are_real(server: LiveServer, vms: VmFactory) -> None:
+    sandbox = vms.create(server)
     sid = sandbox["sandboxID"]
     with server.client() as api:
         samples = api.get(f"/sandboxes/{sid}/metrics").json()
@@ -129,8 +130,8 @@ def _rss_kib(pid: int) -> int:
     return int(status.split("VmRSS:")[1].split()[0])
 
 
-def test_large_upload_and_download_stream_through(server: LiveServer) -> None:
-    sandbox = create(server)
+def test_large_upload_and_download_stream_through(server: LiveServer, vms: VmFactory) -> None:
+    sandbox = vms.create(server)
     sid = sandbox["sandboxID"]
     size = 256 * 2**20
     chunk = os.urandom(2**20)

@@ -12,6 +12,7 @@ import pytest
 from agentenv.cli.client import EnvdClient
 
 from ..live import TEST_KEY, HostResources, LiveServer, vmm_pid, wait_for
+from ..vmfactory import VmFactory
 
 pytestmark = pytest.mark.vm
 
@@ -45,21 +46,14 @@ def run(
     return out.decode(), err.decode(), code
 
 
-def create(server: LiveServer, **body: Any) -> dict[str, Any]:
-    with server.client() as api:
-        response = api.post("/v2/sandboxes", json={"templateID": "base", **body})
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
 def kill(server: LiveServer, sandbox_id: str) -> None:
     with server.client() as api:
         assert api.delete(f"/sandboxes/{sandbox_id}").status_code == 204
 
 
-def test_create_exec_files_delete(server: LiveServer) -> None:
+def test_create_exec_files_delete(server: LiveServer, vms: VmFactory) -> None:
     before = server.resources()
-    sandbox = create(server, envVars={"GREETING": "hello"}, metadata={"suite": "core"})
+    sandbox = vms.create(server, envVars={"GREETING": "hello"}, metadata={"suite": "core"})
     sid = sandbox["sandboxID"]
     assert sandbox["templateID"] == "base"
     assert sandbox["envdVersion"]
@@ -104,30 +98,27 @@ def test_create_exec_files_delete(server: LiveServer) -> None:
     assert server.resources() == before
 
 
-def test_base_carries_what_agents_use(server: LiveServer) -> None:
-    sandbox = create(server)
-    try:
-        script = (
-            "git --version && python --version && pip --version && wget --version | head -1 "
-            "&& python -m venv /tmp/venv && sudo -n true && echo ok"
-        )
-        out, err, code = run(server, sandbox, script)
-        assert code == 0 and out.splitlines()[-1] == "ok", (out, err)
-    finally:
-        kill(server, sandbox["sandboxID"])
+def test_base_carries_what_agents_use(server: LiveServer, vms: VmFactory) -> None:
+    sandbox = vms.create(server)
+    script = (
+        "git --version && python --version && pip --version && wget --version | head -1 "
+        "&& python -m venv /tmp/venv && sudo -n true && echo ok"
+    )
+    out, err, code = run(server, sandbox, script)
+    assert code == 0 and out.splitlines()[-1] == "ok", (out, err)
 
 
-def test_timeout_expiry_kills(server: LiveServer) -> None:
+def test_timeout_expiry_kills(server: LiveServer, vms: VmFactory) -> None:
     before = server.resources()
-    sandbox = create(server, timeout=2)
+    sandbox = vms.create(server, timeout=2)
     sid = sandbox["sandboxID"]
     with server.client() as api:
         assert wait_for(lambda: api.get(f"/sandboxes/{sid}").status_code == 404, timeout=30)
     assert wait_for(lambda: server.resources() == before, timeout=10)
 
 
-def test_set_timeout_and_refresh(server: LiveServer) -> None:
-    sandbox = create(server, timeout=600)
+def test_set_timeout_and_refresh(server: LiveServer, vms: VmFactory) -> None:
+    sandbox = vms.create(server, timeout=600)
     sid = sandbox["sandboxID"]
     with server.client() as api:
         end_before = api.get(f"/sandboxes/{sid}").json()["endAt"]
@@ -140,9 +131,9 @@ def test_set_timeout_and_refresh(server: LiveServer) -> None:
     kill(server, sid)
 
 
-def test_restart_readopts_live_sandbox(fresh_server: LiveServer) -> None:
+def test_restart_readopts_live_sandbox(fresh_server: LiveServer, vms: VmFactory) -> None:
     fresh_server.start()
-    sandbox = create(fresh_server)
+    sandbox = vms.create(fresh_server)
     sid = sandbox["sandboxID"]
     run(fresh_server, sandbox, "echo kept > /home/user/mark")
     fresh_server.stop()
@@ -154,9 +145,9 @@ def test_restart_readopts_live_sandbox(fresh_server: LiveServer) -> None:
     assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
 
 
-def test_restart_cleans_up_dead_sandboxes(fresh_server: LiveServer) -> None:
+def test_restart_cleans_up_dead_sandboxes(fresh_server: LiveServer, vms: VmFactory) -> None:
     fresh_server.start()
-    sandbox = create(fresh_server)
+    sandbox = vms.create(fresh_server)
     fresh_server.stop()
     info = fresh_server.home / "sandboxes" / sandbox["sandboxID"]
     subprocess.run(["pkill", "-KILL", "-f", str(info)], check=False)
@@ -166,10 +157,10 @@ def test_restart_cleans_up_dead_sandboxes(fresh_server: LiveServer) -> None:
     assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
 
 
-def test_twenty_cycles_return_to_baseline(server: LiveServer) -> None:
+def test_twenty_cycles_return_to_baseline(server: LiveServer, vms: VmFactory) -> None:
     before = server.resources()
     for _ in range(20):
-        sandbox = create(server)
+        sandbox = vms.create(server)
         kill(server, sandbox["sandboxID"])
     assert server.resources() == before
 
@@ -223,8 +214,8 @@ def test_not_enough_memory_is_503_and_leaves_nothing(fresh_server: LiveServer) -
     assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
 
 
-def test_pause_and_connect_resume_where_it_stopped(server: LiveServer) -> None:
-    sandbox = create(server)
+def test_pause_and_connect_resume_where_it_stopped(server: LiveServer, vms: VmFactory) -> None:
+    sandbox = vms.create(server)
     sid = sandbox["sandboxID"]
     run(
         server,
@@ -255,9 +246,9 @@ def test_pause_and_connect_resume_where_it_stopped(server: LiveServer) -> None:
     kill(server, sid)
 
 
-def test_paused_sandbox_survives_a_server_restart(fresh_server: LiveServer) -> None:
+def test_paused_sandbox_survives_a_server_restart(fresh_server: LiveServer, vms: VmFactory) -> None:
     fresh_server.start()
-    sandbox = create(fresh_server)
+    sandbox = vms.create(fresh_server)
     sid = sandbox["sandboxID"]
     run(fresh_server, sandbox, "echo kept > /tmp/mark; nohup sleep 1000 >/dev/null 2>&1 &")
     with fresh_server.client() as api:
@@ -275,8 +266,8 @@ def test_paused_sandbox_survives_a_server_restart(fresh_server: LiveServer) -> N
     assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)
 
 
-def test_auto_pause_on_expiry(server: LiveServer) -> None:
-    sandbox = create(server, timeout=2, autoPause=True)
+def test_auto_pause_on_expiry(server: LiveServer, vms: VmFactory) -> None:
+    sandbox = vms.create(server, timeout=2, autoPause=True)
     sid = sandbox["sandboxID"]
     with server.client() as api:
         assert wait_for(lambda: api.get(f"/sandboxes/{sid}").json()["state"] == "paused", 30)

@@ -20,6 +20,7 @@ from agentenv.storage.blockd import BlockdClient
 from agentenv.storage.posix import PosixObjectStore
 
 from ..live import TEST_KEY, HostResources, LiveServer
+from ..vmfactory import VmFactory
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
 
@@ -192,7 +193,7 @@ def _until_stored(server: LiveServer, sandbox_id: str, snapshot_id: str) -> None
 
 
 def test_a_new_node_resumes_what_a_lost_node_left(
-    kit_ready: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kit_ready: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, vms: VmFactory
 ) -> None:
     """A node's home is deleted; a node with an empty home and the same state and object
     stores resumes its paused sandbox and starts sandboxes from its snapshot, memory,
@@ -204,59 +205,55 @@ def test_a_new_node_resumes_what_a_lost_node_left(
         "E2B_API_KEY": TEST_KEY,
     }
     monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
-    lost = LiveServer(tmp_path / "lost", extra_env=env)
+    lost = vms.own(LiveServer(tmp_path / "lost", extra_env=env))
     lost.home.mkdir()
-    new = LiveServer(tmp_path / "new", extra_env=env)
+    new = vms.own(LiveServer(tmp_path / "new", extra_env=env))
     new.home.mkdir()
-    try:
-        lost.start()
-        _point_sdk(monkeypatch, lost)
-        sandbox = Sandbox.create()
-        sandbox.commands.run(
-            "echo disk > ~/state && head -c 3000000 /dev/urandom > ~/blob && "
-            "sha256sum ~/blob > ~/blob.sum && " + TICKER
-        )
-        # A secret held only in a process's memory.
-        sandbox.commands.run(
-            'nohup python3 -c "import time,os; s=os.urandom(8).hex(); '
-            "open('/tmp/secret','w').write(s); time.sleep(1e6)\" "
-            ">/dev/null 2>&1 &"
-        )
-        time.sleep(1)
-        secret = sandbox.commands.run("cat /tmp/secret").stdout
-        snapshot = sandbox.create_snapshot()
-        sandbox.pause()
-        _until_stored(lost, sandbox.sandbox_id, snapshot.snapshot_id)
-        lost.stop()
-        BlockdClient(load_config(env=lost.env)).stop()
-        for netns in list_namespaces(lost.prefix):
-            subprocess.run(["ip", "netns", "del", netns], check=False)
-        shutil.rmtree(lost.home)
+    lost.start()
+    _point_sdk(monkeypatch, lost)
+    sandbox = Sandbox.create()
+    sandbox.commands.run(
+        "echo disk > ~/state && head -c 3000000 /dev/urandom > ~/blob && "
+        "sha256sum ~/blob > ~/blob.sum && " + TICKER
+    )
+    # A secret held only in a process's memory.
+    sandbox.commands.run(
+        'nohup python3 -c "import time,os; s=os.urandom(8).hex(); '
+        "open('/tmp/secret','w').write(s); time.sleep(1e6)\" "
+        ">/dev/null 2>&1 &"
+    )
+    time.sleep(1)
+    secret = sandbox.commands.run("cat /tmp/secret").stdout
+    snapshot = sandbox.create_snapshot()
+    sandbox.pause()
+    _until_stored(lost, sandbox.sandbox_id, snapshot.snapshot_id)
+    lost.stop()
+    BlockdClient(load_config(env=lost.env)).stop()
+    for netns in list_namespaces(lost.prefix):
+        subprocess.run(["ip", "netns", "del", netns], check=False)
+    shutil.rmtree(lost.home)
 
-        new.start()
-        _point_sdk(monkeypatch, new)
-        resumed = Sandbox.connect(sandbox.sandbox_id)
-        assert resumed.commands.run("cat ~/state; sha256sum -c ~/blob.sum").exit_code == 0
-        assert resumed.commands.run("cat /tmp/secret").stdout == secret
-        assert ticks(resumed) is not None
-        assert resumed.commands.run("pgrep -f time.sleep").exit_code == 0
-        child = Sandbox.create(snapshot.snapshot_id)
-        assert child.commands.run("cat ~/state").stdout == "disk\n"
-        assert ticks(child) is not None
-        # Neither RAM was fetched: both map what the new node's block daemon serves.
-        served = BlockdClient(load_config(env=new.env)).paths.mnt
-        for sid in (sandbox.sandbox_id, child.sandbox_id):
-            base = new.home / "sandboxes" / sid / "memory.base"
-            assert base.is_symlink() and base.readlink().parent == served
-        # Paused again over the served base (its delta saved), stored, and resumed.
-        resumed.pause()
-        _until_stored(new, sandbox.sandbox_id, snapshot.snapshot_id)
-        resumed = Sandbox.connect(sandbox.sandbox_id)
-        assert resumed.commands.run("cat /tmp/secret").stdout == secret
-        assert resumed.commands.run("sha256sum -c ~/blob.sum").exit_code == 0
-    finally:
-        new.close()
-        lost.close()
+    new.start()
+    _point_sdk(monkeypatch, new)
+    resumed = Sandbox.connect(sandbox.sandbox_id)
+    assert resumed.commands.run("cat ~/state; sha256sum -c ~/blob.sum").exit_code == 0
+    assert resumed.commands.run("cat /tmp/secret").stdout == secret
+    assert ticks(resumed) is not None
+    assert resumed.commands.run("pgrep -f time.sleep").exit_code == 0
+    child = Sandbox.create(snapshot.snapshot_id)
+    assert child.commands.run("cat ~/state").stdout == "disk\n"
+    assert ticks(child) is not None
+    # Neither RAM was fetched: both map what the new node's block daemon serves.
+    served = BlockdClient(load_config(env=new.env)).paths.mnt
+    for sid in (sandbox.sandbox_id, child.sandbox_id):
+        base = new.home / "sandboxes" / sid / "memory.base"
+        assert base.is_symlink() and base.readlink().parent == served
+    # Paused again over the served base (its delta saved), stored, and resumed.
+    resumed.pause()
+    _until_stored(new, sandbox.sandbox_id, snapshot.snapshot_id)
+    resumed = Sandbox.connect(sandbox.sandbox_id)
+    assert resumed.commands.run("cat /tmp/secret").stdout == secret
+    assert resumed.commands.run("sha256sum -c ~/blob.sum").exit_code == 0
 
 
 def test_the_collector_keeps_what_is_used_and_deletes_the_rest(

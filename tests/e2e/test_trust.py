@@ -12,7 +12,8 @@ from agentenv.runtime.memory.admission import total_memory_mb
 from agentenv.wire import ENVD_PORT
 
 from ..live import HostResources, LiveServer
-from .test_sandbox_lifecycle import create, kill, run
+from ..vmfactory import VmFactory
+from .test_sandbox_lifecycle import kill, run
 
 pytestmark = pytest.mark.vm
 
@@ -30,10 +31,10 @@ def namespace_address(server: LiveServer, sandbox_id: str) -> str:
     raise AssertionError(f"no veth address in {netns}: {out}")
 
 
-def test_init_needs_the_hosts_secret(server: LiveServer) -> None:
+def test_init_needs_the_hosts_secret(server: LiveServer, vms: VmFactory) -> None:
     """Neither a host process nor the sandbox's owner (through the proxy, with its token)
     can call /init: it would set the token, env vars and default user."""
-    sandbox = create(server)
+    sandbox = vms.create(server)
     sid, token = sandbox["sandboxID"], sandbox["envdAccessToken"]
     steal = {"accessToken": "thief", "defaultUser": "root", "envVars": {"X": "1"}}
     direct = f"http://{namespace_address(server, sid)}:{ENVD_PORT}/init"
@@ -48,20 +49,20 @@ def test_init_needs_the_hosts_secret(server: LiveServer) -> None:
     kill(server, sid)
 
 
-def test_admission_counts_committed_memory(fresh_server: LiveServer) -> None:
+def test_admission_counts_committed_memory(fresh_server: LiveServer, vms: VmFactory) -> None:
     """Room for one 256 MiB guest: a second is refused until the first is paused, and the
     first cannot resume while the second holds the memory."""
     room = (total_memory_mb() - 512) / 400  # one 256 MiB sandbox fits, two do not
     fresh_server.extra_env["AENV_SANDBOX_MEMORY_OVERCOMMIT"] = f"{1 / room:.9f}"
     fresh_server.start()
-    first = create(fresh_server)
+    first = vms.create(fresh_server)
     with fresh_server.client() as api:
         refused = api.post("/v2/sandboxes", json={"templateID": "base"})
         assert refused.status_code == 503
         assert "not enough host memory: sandboxes hold 256 MiB" in refused.json()["message"]
         assert len(api.get("/v2/sandboxes").json()) == 1
         assert api.post(f"/sandboxes/{first['sandboxID']}/pause", json={}).status_code == 204
-    second = create(fresh_server)
+    second = vms.create(fresh_server)
     with fresh_server.client() as api:
         resumed = api.post(f"/v2/sandboxes/{first['sandboxID']}/connect", json={})
         assert resumed.status_code == 503, resumed.text

@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from ..live import HostResources, LiveServer, boot_snapshot, wait_for
-from .test_sandbox_lifecycle import create, kill, run
+from ..vmfactory import VmFactory
+from .test_sandbox_lifecycle import kill, run
 
 pytestmark = pytest.mark.vm
 
@@ -33,7 +34,9 @@ def _start_with_pool(server: LiveServer, size: int) -> HostResources:
     return baseline
 
 
-def test_a_create_takes_a_warm_vm_and_the_pool_refills(fresh_server: LiveServer) -> None:
+def test_a_create_takes_a_warm_vm_and_the_pool_refills(
+    fresh_server: LiveServer, vms: VmFactory
+) -> None:
     baseline = _start_with_pool(fresh_server, 2)
     warm = _warm_ids(fresh_server)
     assert len(warm) == 2
@@ -41,7 +44,7 @@ def test_a_create_takes_a_warm_vm_and_the_pool_refills(fresh_server: LiveServer)
     with fresh_server.client() as api:
         assert api.get(f"/sandboxes/{next(iter(warm))}").status_code == 404
 
-    sandbox = create(fresh_server, envVars={"FROM": "request"}, allow_internet_access=False)
+    sandbox = vms.create(fresh_server, envVars={"FROM": "request"}, allow_internet_access=False)
     sid = sandbox["sandboxID"]
     assert sid in warm  # its VM was already running when the request came
     out, _, code = run(fresh_server, sandbox, "echo $FROM; cat /proc/uptime")

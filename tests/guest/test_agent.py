@@ -86,6 +86,13 @@ def _stop(agent: Agent) -> None:
         agent.proc.wait()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _secret_file_removed() -> Iterator[None]:
+    """The secret file every agent here reads goes with the module (it is in /tmp)."""
+    yield
+    SECRET_FILE.unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="module")
 def agent() -> Iterator[Agent]:
     a = _spawn()
@@ -734,17 +741,6 @@ async def test_rootfs_confines_paths(tmp_path: Path) -> None:
             assert (root / "x.txt").exists()
             st = (await rpc(c, "/filesystem.Filesystem/Stat", {"path": "/escape/f.txt"})).json()
             assert st["entry"]["owner"] == "user"
-    finally:
-        _stop(a)
-
-
-@pytest.mark.skipif(not Path("/tmp/spike/rootfs/bin/sh").exists(), reason="no Debian rootfs")
-async def test_process_in_chroot() -> None:
-    a = _spawn("/tmp/spike/rootfs")
-    try:
-        async with httpx.AsyncClient(base_url=a.url, timeout=30) as c:
-            out, _, end, _ = await run(c, sh("cat /etc/debian_version; pwd"))
-            assert end["status"] == "exit status 0" and out.decode().splitlines()[1] == "/root"
     finally:
         _stop(a)
 
