@@ -20,7 +20,7 @@ from e2b import Sandbox
 from agentenv.config import load_config
 from agentenv.net.netns import plan_network
 from agentenv.state.sandboxes import SandboxRecord, SqlSandboxStore
-from agentenv.wire import ENVD_PORT
+from agentenv.wire import ACCESS_TOKEN_HEADER, ENVD_PORT, SANDBOX_ID_HEADER
 from tests.live import TEST_KEY, LiveServer
 
 from .harness import live_server
@@ -106,9 +106,11 @@ def main() -> None:
             "proxy_over_direct": round(p50_proxy / p50_direct, 2),
         }))  # fmt: skip
         size = args.mib * 2**20
-        sid_header = {"E2b-Sandbox-Id": via_proxy.sandbox_id}
-        up_p, down_p = transfer(server.url, sid_header, size)
-        up_d, down_d = transfer(direct_url, {}, size)
+        # Sandboxes made by the v2 create are secured: /files wants their envd token.
+        token = {ACCESS_TOKEN_HEADER: via_proxy._envd_access_token or ""}
+        routed = {SANDBOX_ID_HEADER: via_proxy.sandbox_id, **token}
+        up_p, down_p = transfer(server.url, routed, size)
+        up_d, down_d = transfer(direct_url, token, size)
         print(json.dumps({
             "bench": "files_throughput",
             "mib": args.mib,
