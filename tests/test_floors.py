@@ -96,12 +96,12 @@ def test_imports_run_down_the_floors() -> None:
 
 
 def test_the_guest_agent_imports_only_itself() -> None:
-    agent = ROOT / "guest" / "agent"
+    agent = ROOT.joinpath(*GUEST_AGENT.split("."))
     outside = [
         f"{path.relative_to(ROOT.parent)}:{line} {target}"
         for path in sorted(agent.rglob("*.py"))
         for line, target in imports_of(path)
-        if not target.startswith("agentenv.guest.agent")
+        if not target.startswith(f"agentenv.{GUEST_AGENT}")
     ]
     assert outside == []
 
