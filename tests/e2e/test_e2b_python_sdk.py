@@ -155,13 +155,16 @@ def test_async_client() -> None:
 
 
 def test_traffic_wakes_a_sandbox_that_asked_for_it(server: LiveServer) -> None:
-    sandbox = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    sandbox = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": True})
     try:
         assert sandbox.get_info().lifecycle == {"auto_resume": True, "on_timeout": "pause"}
         sandbox.commands.run("python3 -m http.server 8000", background=True)
+        headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"}
+        # Listening before it pauses (Python starts slowly in a guest on a loaded host).
+        assert wait_for(lambda: httpx.get(f"{server.url}/", headers=headers).is_success, 60)
+        sandbox.set_timeout(1)
         assert wait_for(lambda: sandbox.get_info().state == SandboxState.PAUSED, 60)
         # A request for one of its ports resumes it and gets its answer.
-        headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"}
         answer = httpx.get(f"{server.url}/", headers=headers, timeout=60)
         assert answer.status_code == 200 and "Directory listing" in answer.text
         assert sandbox.get_info().state == SandboxState.RUNNING
