@@ -209,6 +209,13 @@ class HostResources:
         caches, named snapshots), the rest must go with the sandboxes that made them."""
         return dataclasses.replace(self, snapshots=0)
 
+    def within(self, baseline: HostResources) -> bool:
+        """Nothing beyond `baseline`, of any kind. Less is fine: the baseline can hold what an
+        earlier test was still releasing when it was measured."""
+        return all(
+            getattr(self, f.name) <= getattr(baseline, f.name) for f in dataclasses.fields(self)
+        )
+
 
 # The node's scratch space: snapshots being staged, volume uploads being spooled, build
 # contexts being received, chunks being fetched. Not the object store's: it is durable

@@ -45,3 +45,9 @@ def test_scratch_counts_what_the_node_stages_and_transient_ignores_snapshots(
     found = LiveServer(home).resources()
     assert (found.scratch, found.snapshots) == (3, 2)  # staging counts as both
     assert found.transient() == HostResources(0, 0, 0, 0, 0, 0, 0, scratch=3)
+
+
+def test_within_a_baseline_means_nothing_more_of_any_kind() -> None:
+    baseline = HostResources(1, 1, 2, 1, 0, 1, 0, daemons=1)
+    assert HostResources(1, 1, 2, 1, 0, 1, 0).within(baseline)  # a daemon went: fine
+    assert not HostResources(1, 2, 2, 1, 0, 1, 0, daemons=1).within(baseline)  # a namespace

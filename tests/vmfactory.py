@@ -79,6 +79,6 @@ def _restore(watch: _Watch) -> str | None:
         for sandbox_id in server.sandbox_ids() - watch.sandboxes:
             api.delete(f"/sandboxes/{sandbox_id}")
     expected = watch.baseline.transient()
-    if wait_for(lambda: server.resources().transient() == expected, SETTLE_S):
+    if wait_for(lambda: server.resources().transient().within(expected), SETTLE_S):
         return None
     return f"server {server.prefix}: expected {expected}, found {server.resources().transient()}"

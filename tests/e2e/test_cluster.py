@@ -135,7 +135,7 @@ def nodes_back_to_baseline(cluster: Cluster) -> Iterator[None]:
     for node in (n for n in _live_nodes(cluster) if n.name in before):
         kept = before[node.name]
         settled = wait_for(
-            lambda node=node, kept=kept: _node_resources(cluster, node) == kept, SETTLE_S
+            lambda node=node, kept=kept: _node_resources(cluster, node).within(kept), SETTLE_S
         )
         assert settled, (node.name, kept, _node_resources(cluster, node))
 
