@@ -4,7 +4,6 @@ database read."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ...net.rules import EgressRules
@@ -35,9 +34,6 @@ class RouteTable:
 
     def __contains__(self, sandbox_id: str) -> bool:
         return sandbox_id in self._routes
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._routes)
 
     def set(self, sandbox_id: str, route: Route) -> None:
         self._routes[sandbox_id] = route
