@@ -155,6 +155,11 @@ def namespace_rules(
         # The sandbox's own rules, an allowed range winning over a denied one; what they
         # allow, and what they leave alone, still goes through the node's policy.
         forward += [f"-A FORWARD {from_guest} -d {cidr} -j {_NODE}" for cidr in rules.allow]
+        if rules.domains:
+            # E2B's `dnsServers`: a domain allow-list opens its DNS servers, all traffic.
+            forward += [
+                f"-A FORWARD {from_guest} -d {server} -j {_NODE}" for server in rules.dns_servers
+            ]
         forward += [f"-A FORWARD {from_guest} -d {cidr} -j {_REFUSE}" for cidr in rules.denied]
         forward.append(f"-A FORWARD {from_guest} -j {_NODE}")
     node_chain = [

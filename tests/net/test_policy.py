@@ -137,6 +137,32 @@ def test_dns_to_the_gateway_goes_to_the_configured_server() -> None:
     assert dns < forward.index("-A FORWARD -i tap0 -j NODE-POLICY")
 
 
+def test_a_domain_allow_list_opens_its_dns_servers_within_the_node_policy() -> None:
+    over_all = (IPv4Network("0.0.0.0/0"),)
+    domains = EgressRules(deny=over_all, domains=("site.test",))
+    forward = _forward(policy.namespace_rules(PLAN, domains, EgressPolicy()))
+    # E2B's default server, before the denied ranges, through the node's policy.
+    opened = forward.index("-A FORWARD -i tap0 -d 8.8.8.8 -j NODE-POLICY")
+    assert opened < forward.index(f"-A FORWARD -i tap0 -d 0.0.0.0/0 {REJECT}")
+    chosen = EgressRules(
+        deny=over_all,
+        domains=("site.test",),
+        dns_servers=(IPv4Address("192.0.2.53"), IPv4Address("10.0.0.53")),
+    )
+    forward = _forward(policy.namespace_rules(PLAN, chosen, EgressPolicy()))
+    assert "-A FORWARD -i tap0 -d 192.0.2.53 -j NODE-POLICY" in forward
+    assert "-A FORWARD -i tap0 -d 10.0.0.53 -j NODE-POLICY" in forward  # blocked there
+    assert not any("8.8.8.8" in line for line in forward)
+    # None chosen, or no domain allowed: no server is opened.
+    for rules in (
+        EgressRules(deny=over_all, domains=("site.test",), dns_servers=()),
+        EgressRules(deny=over_all),
+    ):
+        text = policy.namespace_rules(PLAN, rules, EgressPolicy())
+        assert "8.8.8.8" not in text
+        assert_restorable(text)
+
+
 def test_no_internet_rejects_every_new_connection_and_has_no_exceptions() -> None:
     egress = EgressPolicy((IPv4Network("10.20.0.0/16"),), IPv4Address("10.0.0.2"))
     rules = policy.namespace_rules(PLAN, EgressRules(internet=False), egress)
