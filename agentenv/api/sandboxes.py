@@ -79,11 +79,6 @@ def network_option(
         raise InvalidInput(
             "network.egressProxy: a SOCKS5 egress proxy is not available on this server"
         )
-    if given.get("rules"):
-        raise InvalidInput(
-            "network.rules: per-domain transform rules (injected headers) are not available"
-            " on this server"
-        )
     given.pop("egressProxy", None)
     given.pop("allow_internet_access", None)  # an update's; stored as allow_internet
     if ENVD_PORT in given.get("httpsPorts", ()):
@@ -270,9 +265,7 @@ async def connect_sandbox(
 
 
 @router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
-async def resume_sandbox(
-    node: NodeDep, sandbox_id: str, body: ResumeBody | None = None
-) -> Sandbox:
+async def resume_sandbox(node: NodeDep, sandbox_id: str, body: ResumeBody | None = None) -> Sandbox:
     """SDK 2.0-2.5: resume a paused sandbox; a running one is a 409."""
     body = body or ResumeBody()
     record = await node.pauses.resume(sandbox_id, _resume_timeout(node.cfg, body), body.memory)

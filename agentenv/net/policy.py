@@ -143,7 +143,7 @@ def namespace_rules(
                 f"-A FORWARD {from_guest} -m conntrack --ctstate DNAT"
                 f" --ctorigdst {plan.guest_gateway} -j ACCEPT"
             )
-        if rules.domains and egress.proxy is not None:
+        if (rules.domains or rules.transforms) and egress.proxy is not None:
             nat += _to_egress_proxy(plan, rules, egress.proxy)
             ports = f"{egress.proxy.http},{egress.proxy.tls}"
             forward.append(
@@ -173,12 +173,15 @@ def namespace_rules(
 
 
 def _to_egress_proxy(plan: NetworkPlan, rules: EgressRules, ports: EgressPorts) -> list[str]:
-    """nat rules sending the guest's new HTTP and TLS connections to the node's egress
-    proxy (at the host's end of its veth), but for those its allowed ranges cover."""
+    """nat rules sending the guest's new connections to the node's egress proxy (at the
+    host's end of its veth), but for those its allowed ranges cover: HTTP and TLS to match
+    allowed domains, TLS alone for header rules (which HTTPS requests alone get)."""
     lines = []
-    for port, proxy_port in ((80, ports.http), (443, ports.tls)):
+    intercepted = [(443, ports.tls)] if not rules.domains else [(80, ports.http), (443, ports.tls)]
+    for port, proxy_port in intercepted:
         to_port = f"-A PREROUTING -i {TAP_NAME} -p tcp --dport {port}"
-        lines += [f"{to_port} -d {cidr} -j RETURN" for cidr in rules.allow]
+        if not (port == 443 and rules.transforms):  # the rules' hosts may be anywhere
+            lines += [f"{to_port} -d {cidr} -j RETURN" for cidr in rules.allow]
         lines.append(f"{to_port} -j DNAT --to-destination {plan.host_ip}:{proxy_port}")
     return lines
 

@@ -54,6 +54,13 @@ class EgressRules:
         """Whether `host` (lower-case) matches an allowed domain, as E2B matches them."""
         return any(_matches(host, pattern) for pattern in self.domains)
 
+    def allows(self, host: str, address: IPv4Address) -> bool:
+        """Whether a connection to `host` at `address` is allowed: by its name, or by the
+        address (an allowed entry winning over a denied one)."""
+        if self.allows_host(host) or any(address in allowed for allowed in self.allow):
+            return True
+        return not any(address in denied for denied in self.denied)
+
 
 def parse_egress(
     allow_out: list[str],

@@ -9,15 +9,29 @@ access: `allowOut` decides what the sandbox may reach.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import InvalidInput
 from .dns import is_dns_name
 
 # Per sandbox; each key is matched for every HTTPS request it makes.
 MAX_PATTERNS = 64
+# E2B's placeholders: `${e2b.secrets.NAME}`, `${e2b.identity.tokens.NAME}`; a name runs to
+# the next `}`.
+PLACEHOLDER = re.compile(r"\$\{e2b\.(secrets|identity\.tokens)\.([^}]*)\}")
+
+
+class UnresolvedPlaceholder(Exception):
+    """A header value names a secret or token that does not exist (for this sandbox)."""
+
+
+class HeaderValues(Protocol):
+    """Resolves the placeholders of a rule's header value, for one sandbox, at egress."""
+
+    async def resolve(self, sandbox_id: str, value: str) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -75,3 +89,14 @@ def header_rules(rules: Mapping[str, list[dict[str, Any]]]) -> HeaderRules:
 
 def _is_pattern(pattern: str) -> bool:
     return is_dns_name(pattern.removeprefix("*."))
+
+
+class LiteralValues:
+    """Header values as written, for a node without a credential store: a placeholder in
+    one is unresolved."""
+
+    async def resolve(self, sandbox_id: str, value: str) -> str:
+        found = PLACEHOLDER.search(value)
+        if found is not None:
+            raise UnresolvedPlaceholder(f"{found.group(0)} cannot be resolved on this server")
+        return value

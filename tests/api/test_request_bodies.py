@@ -80,7 +80,6 @@ def test_a_cursor_of_ours_reads_back() -> None:
 @pytest.mark.parametrize(
     ("network", "text"),
     [
-        ({"rules": {"api.example.test": [{"transform": {"headers": {"X": "y"}}}]}}, "rules"),
         ({"egressProxy": {"address": "proxy.example.test:1080"}}, "egressProxy"),
     ],
 )
@@ -105,6 +104,10 @@ def test_every_network_field_of_e2bs_is_taken() -> None:
     body = NewSandbox(templateID="base", network=network)
     stored = network_option(body.network, True)
     assert stored == {k: v for k, v in network.items() if v is not None}
+    # Rules' keys are kept lower-cased.
+    rule = [{"transform": {"headers": {"Authorization": "Bearer ${e2b.secrets.key}"}}}]
+    body = NewSandbox(templateID="base", network={"rules": {"API.Example.test": rule}})
+    assert network_option(body.network, True) == {"rules": {"api.example.test": rule}}
 
 
 def _validating_app() -> FastAPI:

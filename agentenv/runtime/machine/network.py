@@ -49,6 +49,8 @@ class SandboxNetworks:
         self.egress = egress_policy(cfg.net)
         # The node's NFS exports, once the node has its volumes (`runtime/node/assembly.py`).
         self.exports: VolumeExports | None = None
+        # The node's egress CA (PEM), which its guests trust, once the node has one.
+        self.trusted_ca: str | None = None
 
     def plan_for_slot(self, slot: int, sandbox_id: str = "-") -> NetworkPlan:
         net = self.cfg.net
