@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from ipaddress import IPv4Address
 from pathlib import Path
 
@@ -23,34 +21,8 @@ from agentenv.net.policy import EgressPolicy
 from agentenv.net.rules import egress_of
 from agentenv.net.transforms import normalize_rules
 
-from ..netlab import Lab, peer, random_slash30, serving, sh
+from ..netlab import Lab, echo_server, peer, random_slash30, serving, sh, site_certificates
 from .standin import sandbox
-
-# Answers every request with the JSON of what it got: method, path, headers and body;
-# over TLS with the certificate file given. Prints its port once it listens.
-ECHO = r"""
-import http.server, json, ssl, sys
-class Echo(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def answer(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.dumps({"method": self.command, "path": self.path,
-                           "headers": {k.lower(): v for k, v in self.headers.items()},
-                           "body": self.rfile.read(length).decode()}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    do_GET = do_POST = answer
-    def log_message(self, *args):
-        pass
-server = http.server.ThreadingHTTPServer(("0.0.0.0", 443), Echo)
-context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-context.load_cert_chain(sys.argv[1])
-server.socket = context.wrap_socket(server.socket, server_side=True)
-print(443, flush=True)
-server.serve_forever()
-"""
 
 # From the guest: HTTPS requests to `host` over one connection to `ip`:443, verifying the
 # server by the CA file given ("none": not verifying); prints the answers' bodies as a JSON
@@ -87,38 +59,7 @@ def requests_from(guest: str, ip: str, host: str, cafile: str, count: int = 1) -
 
 @pytest.fixture(scope="module")
 def upstream_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A test CA, and a certificate of it for api.site.test and *.site.test (with its key)."""
-    at = tmp_path_factory.mktemp("upstream-ca")
-    ca_key, ca, web = at / "ca.key", at / "ca.pem", at / "web.pem"
-    sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-       "-nodes", "-days", "1", "-subj", "/CN=test upstream CA", "-keyout", str(ca_key),
-       "-out", str(ca))  # fmt: skip
-    request = subprocess.run(
-        ["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-         "-nodes", "-subj", "/CN=api.site.test", "-keyout", str(at / "web.key")],
-        capture_output=True, check=True,
-    ).stdout  # fmt: skip
-    extensions = at / "san.ext"
-    extensions.write_text("subjectAltName=DNS:api.site.test,DNS:*.site.test\n")
-    signed = subprocess.run(
-        ["openssl", "x509", "-req", "-CA", str(ca), "-CAkey", str(ca_key), "-days", "1",
-         "-extfile", str(extensions)],
-        input=request, capture_output=True, check=True,
-    ).stdout  # fmt: skip
-    web.write_bytes(signed + (at / "web.key").read_bytes())
-    return ca, web
-
-
-@contextmanager
-def echo_server(netns: str, certificate: Path) -> Iterator[None]:
-    command = ["ip", "netns", "exec", netns, sys.executable, "-c", ECHO, str(certificate)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and proc.stdout.readline()
-        yield
-    finally:
-        proc.kill()
-        proc.wait()
+    return site_certificates(tmp_path_factory.mktemp("upstream-ca"))
 
 
 RULES = {
