@@ -312,6 +312,7 @@ def shown(value):
     return hashlib.sha256(value.encode()).hexdigest() if sys.argv[2] == "hashed" else value
 class Echo(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
     def answer(self):
         length = int(self.headers.get("Content-Length") or 0)
         body = json.dumps({"method": self.command, "path": self.path,

@@ -168,14 +168,23 @@ class EgressProxy:
     ) -> None:
         """Answer the guest's TLS as `name`, and relay its requests to the real server over
         verified TLS with `transform`'s headers set."""
-        session = TlsServerSession(*guest, self._authority.server_context(name), hello)
-        await asyncio.wait_for(session.handshake(), STEP_TIMEOUT)
-        up_reader, up_writer = await asyncio.wait_for(
-            asyncio.open_connection(
-                str(address), 443, ssl=self._upstream_tls, server_hostname=name
-            ),
-            STEP_TIMEOUT,
+        # Both handshakes at once: the server's is not waited for after the guest's.
+        upstream = asyncio.ensure_future(
+            asyncio.wait_for(
+                asyncio.open_connection(
+                    str(address), 443, ssl=self._upstream_tls, server_hostname=name
+                ),
+                STEP_TIMEOUT,
+            )
         )
+        session = TlsServerSession(*guest, self._authority.server_context(name), hello)
+        try:
+            await asyncio.wait_for(session.handshake(), STEP_TIMEOUT)
+            up_reader, up_writer = await upstream
+        except BaseException:
+            upstream.cancel()
+            await session.close()
+            raise
 
         async def headers() -> list[tuple[str, str]]:
             return [
