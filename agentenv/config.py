@@ -183,6 +183,9 @@ class RegistryConfig:
     platform: str = "linux/amd64"
     # Registry credentials in Docker's config.json format; empty means ~/.docker/config.json.
     auth_file: str = ""
+    # A create naming a full image reference (with its registry's host) pulls it first;
+    # off, a create starts only from templates and snapshots (pulls are explicit).
+    pull_on_create: bool = False
 
     def insecure_hosts(self) -> list[str]:
         return [h.strip() for h in self.insecure.split(",") if h.strip()]

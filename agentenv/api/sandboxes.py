@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, cast
@@ -13,8 +11,6 @@ from fastapi import APIRouter, Depends, Response
 from ..config import Config
 from ..errors import InvalidInput, error_answer
 from ..guest.agent import ENVD_VERSION
-from ..images.pull import default_name
-from ..images.reference import parse_reference
 from ..net.rules import egress_of
 from ..net.transforms import normalize_rules
 from ..runtime.machine.mounts import resolve_mounts
@@ -50,7 +46,6 @@ from .models import (
 )
 
 router = APIRouter(responses=ERROR_RESPONSES)
-log = logging.getLogger(__name__)
 
 
 def public_domain(cfg: Config) -> str | None:
@@ -91,19 +86,6 @@ def network_option(
     return given
 
 
-async def _template_for(node: Node, name: str) -> str:
-    """A template name as is; an image reference is pulled first (once) into a template."""
-    if not any(c in name for c in "/:@"):
-        return name
-    puller = node.puller
-    ref = parse_reference(name)
-    existing = await asyncio.to_thread(node.catalog.templates.find, default_name(ref))
-    if existing is not None:
-        return existing.template_id
-    record = await asyncio.to_thread(puller.pull, name, None, log.info)
-    return record.template_id
-
-
 async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
     cfg = node.cfg
     auto_resume = bool(body.autoResume and body.autoResume.enabled)
@@ -127,7 +109,7 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
             volume_mounts=await resolve_mounts(node.volumes, mounts),
         ),
     )
-    record = await node.create(request, lambda name: _template_for(node, name))
+    record = await node.create(request)
     return sandbox_answer(record, public_domain(cfg))
 
 

@@ -12,7 +12,8 @@ from ..storage.blockd import BlockdClient, BlockdError
 from ..storage.filelayer import store_file
 from ..storage.gc import write_lease
 from .base import base_version, load_base_template
-from .templates import TemplateRecord, TemplateRegistry
+from .snapshots import DEFAULT_TAG
+from .templates import TemplateRecord, TemplateRegistry, tag_not_found, template_not_found
 
 BASE = "base"
 BASE_SOURCE = "debian:bookworm (built in)"
@@ -62,6 +63,16 @@ class TemplateCatalog:
         self.templates = templates
         self._blockd = blockd
         self._publishing = threading.Lock()
+
+    def named(self, ref: str) -> str:
+        """Blocking: the template a create's `ref` names, `name` or `name:default` (its one
+        build); NotFound in E2B's words for any other name, an image reference included."""
+        name, sep, tag = ref.partition(":")
+        if name != BASE and self.templates.find(name) is None:
+            raise template_not_found(ref)
+        if sep and tag.lower() != DEFAULT_TAG:
+            raise tag_not_found(name, tag)
+        return name
 
     def resolve(self, name: str) -> Template:
         """Blocking (it may mount a stack); raises NotFound for unknown templates."""

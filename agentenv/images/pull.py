@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import Conflict
 from ..storage.gc import write_lease
 from ..storage.layer import LayerIndex, Stack, chain_id
 from ..storage.objectstore import ObjectStore
@@ -84,6 +85,21 @@ class ImagePuller:
             self._templates.save(record)
             progress(f"template {name}: {len(layers)} block layers")
             return record
+
+    def pull_once(self, ref: ImageRef, progress: Progress = print) -> TemplateRecord:
+        """The template pulled from `ref` under its default name, pulled now if there is
+        none yet (a create's pull, `registry.pull_on_create`: the registry is not asked
+        again); Conflict when that name holds another image's template."""
+        name = default_name(ref)
+        existing = self._templates.find(name)
+        if existing is None:
+            return self.pull(str(ref), name, progress)
+        if existing.source != str(ref):
+            raise Conflict(
+                f"template '{name}' was pulled from {existing.source}, not {ref}: pull the "
+                "image under another name (`aenv pull --name`) and create from that"
+            )
+        return existing
 
     def _convert(self, resolved: ResolvedImage, progress: Progress) -> list[LayerIndex]:
         self._workdir.mkdir(parents=True, exist_ok=True)

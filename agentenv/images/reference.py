@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidInput
 
-__all__ = ["DEFAULT_REGISTRY", "DEFAULT_TAG", "ImageRef", "parse_reference"]
+__all__ = ["DEFAULT_REGISTRY", "DEFAULT_TAG", "ImageRef", "full_reference", "parse_reference"]
 
 DEFAULT_REGISTRY = "docker.io"
 DEFAULT_TAG = "latest"
@@ -94,11 +94,28 @@ def parse_reference(text: str) -> ImageRef:
     return ImageRef(registry, path, tag, digest)
 
 
+def full_reference(text: str) -> ImageRef | None:
+    """`text` parsed when it is a full reference, one that names its registry's host
+    (`localhost:5000/app:v1`, `docker.io/library/ubuntu`); None for anything else, a
+    short Docker Hub name (`ubuntu:22.04`) included: that is a template's `name:tag`."""
+    first, sep, _ = text.partition("/")
+    if not (sep and _is_host(first)):
+        return None
+    try:
+        return parse_reference(text)
+    except InvalidInput:
+        return None
+
+
+def _is_host(first: str) -> bool:
+    """Docker's rule: a first component is a host if it has a dot, a port, or is localhost."""
+    return "." in first or ":" in first or first == "localhost" or first[:1] == "["
+
+
 def _split_registry(rest: str, text: str) -> tuple[str, str]:
-    """Split off the host: the first component is one if it has a dot, a port, or is localhost."""
+    """Split off the host, when the first component is one."""
     first, sep, remainder = rest.partition("/")
-    is_host = sep and ("." in first or ":" in first or first == "localhost" or first[:1] == "[")
-    if not is_host:
+    if not (sep and _is_host(first)):
         if not rest:
             raise InvalidInput(f"invalid image reference {text!r}: missing repository")
         return DEFAULT_REGISTRY, rest

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import InvalidInput, NotFound
 from ..storage.objectstore import ObjectNotFound, ObjectStore
-from .templates import valid_name
+from .templates import tag_not_found, valid_name
 
 DEFAULT_TAG = "default"
 # Build UUIDs are version-5 UUIDs of snapshot ids in this namespace.
@@ -157,14 +157,15 @@ class SnapshotRegistry:
         return builds[-1] if builds else None
 
     def lookup(self, ref: str) -> SnapshotRecord | None:
-        """The snapshot `ref` names; None when its name is not a snapshot's (it may be an
-        image's), NotFound when the name is a snapshot's but has no such build."""
-        name, _ = split_ref(ref)
+        """The snapshot `ref` names; None when its name is not a snapshot's (it may be a
+        template's), NotFound in E2B's words when the name is a snapshot's but has no such
+        build."""
+        name, tag = split_ref(ref)
         if not valid_name(name) or not self._store.list(f"snapshots/{name}/"):
             return None
         found = self.find(ref)
         if found is None:
-            raise NotFound(f"snapshot {ref!r} not found")
+            raise tag_not_found(name, tag)
         return found
 
     def _tagged(self, name: str, tag: str) -> SnapshotRecord | None:

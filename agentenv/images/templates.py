@@ -26,6 +26,23 @@ def validate_name(name: str) -> str:
     return name
 
 
+def template_not_found(ref: str) -> NotFound:
+    """E2B's 404 for a name that is no template (the name without its tag, when it has
+    one); an image reference gets a hint, since a create never pulls one by itself."""
+    if "/" in ref or "@" in ref:
+        return NotFound(
+            f"template '{ref}' not found (an image is pulled first: `aenv pull`, "
+            "POST /templates/pull)"
+        )
+    name, _, _ = ref.partition(":")
+    return NotFound(f"template '{name if valid_name(name) else ref}' not found")
+
+
+def tag_not_found(name: str, tag: str) -> NotFound:
+    """E2B's 404 for a template that has no build with that tag."""
+    return NotFound(f"tag '{tag}' does not exist for template '{name}'")
+
+
 @dataclass
 class TemplateRecord:
     """A template made from an OCI image: its block layers and the config a sandbox honours."""
@@ -68,11 +85,11 @@ class TemplateRegistry:
 
     def get(self, template_id: str) -> TemplateRecord:
         if not valid_name(template_id):  # no template can have it; never a store key
-            raise NotFound(f"template {template_id!r} not found")
+            raise template_not_found(template_id)
         try:
             return TemplateRecord.from_json(self.store.get(_key(template_id)))
         except ObjectNotFound:
-            raise NotFound(f"template '{template_id}' not found") from None
+            raise template_not_found(template_id) from None
 
     def find(self, template_id: str) -> TemplateRecord | None:
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,7 @@ class CreatingNode:
         self.volumes = None
         self._creations = SandboxCreations(h.manager)
 
-    async def create(
-        self, request: CreateRequest, template_of: Callable[[str], Awaitable[str]] | None = None
-    ) -> SandboxRecord:
+    async def create(self, request: CreateRequest) -> SandboxRecord:
         return await self._creations.create(request)
 
 

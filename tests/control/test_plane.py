@@ -85,3 +85,27 @@ async def test_a_sandbox_being_killed_is_gone_for_users(tmp_path: Path, state_ur
         with pytest.raises(NotFound):
             await plane.visible_sandbox("dying")
     await engine.dispose()
+
+
+async def test_a_create_from_an_unknown_name_is_the_nodes_404(
+    tmp_path: Path, state_url: str
+) -> None:
+    """A name no template or snapshot has is E2B's 404 through the control plane too: the
+    node's answer, not a create tried on every other node."""
+    cfg = Config()
+    cfg.paths.home = str(tmp_path)
+    calls: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.host)
+        return httpx.Response(404, json={"code": 404, "message": "template 'gone' not found"})
+
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        plane = ControlPlane(cfg, engine, client)
+        for name in ("n1", "n2"):
+            await plane.nodes.register(name, f"http://{name}", NodeCapacity(memory_mb=4096))
+        created = await plane.create("/v2/sandboxes", b'{"templateID": "gone:v1"}', {})
+        assert created.status_code == 404 and len(calls) == 1
+        assert created.json()["message"] == "template 'gone' not found"
+    await engine.dispose()

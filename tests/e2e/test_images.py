@@ -108,6 +108,11 @@ def check_app(server: LiveServer, sandbox: dict) -> None:
 
 
 def test_pull_with_cli_then_sandbox(server: LiveServer, images: Images, vms: VmFactory) -> None:
+    with server.client() as api:
+        # A create never pulls by itself (`registry.pull_on_create` is off): E2B's 404.
+        unpulled = api.post("/sandboxes", json={"templateID": images.app})
+        assert unpulled.status_code == 404
+        assert unpulled.json()["message"].startswith(f"template '{images.app}' not found")
     pulled = aenv(server, "pull", images.app, "--name", "app")
     assert pulled.returncode == 0, pulled.stderr.decode()
     assert pulled.stdout.decode().strip() == "app"
@@ -125,13 +130,23 @@ def test_pull_with_cli_then_sandbox(server: LiveServer, images: Images, vms: VmF
 
 
 def test_sandbox_straight_from_an_image_reference(
-    server: LiveServer, images: Images, vms: VmFactory
+    fresh_server: LiveServer, images: Images, vms: VmFactory
 ) -> None:
-    sandbox = vms.create(server, templateID=images.other)
-    out, _, code = run(server, sandbox, "sha256sum /opt/other.bin; cat /etc/debian_version")
+    """With `registry.pull_on_create`, a full reference is pulled once, by its create."""
+    fresh_server.extra_env["AENV_REGISTRY_PULL_ON_CREATE"] = "true"
+    fresh_server.start()
+    sandbox = vms.create(fresh_server, templateID=images.other)
+    out, _, code = run(fresh_server, sandbox, "sha256sum /opt/other.bin; cat /etc/debian_version")
     assert code == 0
     assert out.split()[0] == sha(OTHER_DATA)
-    kill(server, sandbox["sandboxID"])
+    kill(fresh_server, sandbox["sandboxID"])
+    with fresh_server.client() as api:
+        listed = [t for t in api.get("/templates").json() if t.get("source") == images.other]
+        assert [t["templateID"] for t in listed] == ["other-v1"]
+        # A short name is a template's `name:tag`, never a Docker Hub image.
+        short = api.post("/sandboxes", json={"templateID": "other:v1"})
+        assert short.status_code == 404
+        assert short.json()["message"] == "template 'other' not found"
 
 
 def _cache_stats(server: LiveServer) -> dict:

@@ -78,12 +78,19 @@ def _aenv(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([AENV, *args], capture_output=True, text=True, env=env, timeout=600)
 
 
+def _pulled(server: LiveServer, ref: str) -> str:
+    """The template `aenv pull` makes of `ref` (a create never pulls)."""
+    pulled = _aenv(server, "pull", ref)
+    assert pulled.returncode == 0, pulled.stderr
+    return pulled.stdout.strip()
+
+
 @pytest.mark.parametrize("image", ["busybox", "alpine"])
 def test_commands_run_in_an_image_without_bash(
     server: LiveServer, minimal: MinimalImages, image: str
 ) -> None:
-    ref = getattr(minimal, image)
-    started = _aenv(server, "start", ref, "--detach", "--timeout", "300")
+    template = _pulled(server, getattr(minimal, image))
+    started = _aenv(server, "start", template, "--detach", "--timeout", "300")
     assert started.returncode == 0, started.stderr
     sandbox_id = started.stdout.strip()
     try:
@@ -103,7 +110,8 @@ def test_commands_run_in_an_image_without_bash(
 def test_an_image_without_any_shell_runs_commands_given_as_arguments(
     server: LiveServer, minimal: MinimalImages
 ) -> None:
-    started = _aenv(server, "start", minimal.no_shell, "--detach", "--timeout", "300")
+    template = _pulled(server, minimal.no_shell)
+    started = _aenv(server, "start", template, "--detach", "--timeout", "300")
     assert started.returncode == 0, started.stderr
     sandbox_id = started.stdout.strip()
     try:

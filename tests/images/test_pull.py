@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agentenv.errors import Conflict
 from agentenv.images.convert import loop_mount, materialize
 from agentenv.images.pull import ImagePuller, default_name
 from agentenv.images.reference import parse_reference
@@ -128,6 +129,23 @@ def test_concurrent_pulls_do_the_work_once(registry: Registry, tmp_path: Path) -
     assert len(results) == 3
     assert len({tuple(r.layers) for r in results}) == 1
     assert client.fetches == 2
+
+
+def test_a_creates_pull_happens_once_and_takes_no_other_images_name(
+    registry: Registry, tmp_path: Path
+) -> None:
+    client = CountingRegistry()
+    puller, _ = _puller(tmp_path, client)
+    ref = parse_reference(f"{registry.host}/demo/app:v1")
+    record = puller.pull_once(ref, progress=lambda _: None)
+    assert (record.template_id, record.source, client.fetches) == ("app-v1", str(ref), 2)
+    # Pulled once: the next create asks no registry.
+    assert puller.pull_once(ref, progress=lambda _: None) == record
+    assert client.fetches == 2
+    # Another image whose default name is taken does not replace that template.
+    elsewhere = parse_reference(f"{registry.host}/other/app:v1")
+    with pytest.raises(Conflict, match="was pulled from"):
+        puller.pull_once(elsewhere, progress=lambda _: None)
 
 
 def test_default_names() -> None:

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
 from ipaddress import IPv4Address
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from ...images.builder import TemplateBuilds
 from ...images.buildfiles import BuildFiles
 from ...images.catalog import TemplateCatalog, base_in_store
 from ...images.pull import ImagePuller
+from ...images.reference import full_reference
 from ...images.registry import RegistryClient
 from ...images.snapshots import SnapshotRegistry
 from ...images.templates import TemplateRegistry
@@ -235,20 +235,22 @@ class Node:
             stack.push_async_callback(_cancelled, asyncio.create_task(task))
         return node
 
-    async def create(
-        self,
-        request: CreateRequest,
-        template_of: Callable[[str], Awaitable[str]] | None = None,
-    ) -> SandboxRecord:
-        """A sandbox from the snapshot `request.template_id` names (a snapshot's id looks
-        like an image reference, so snapshots come first), else from that template;
-        `template_of` turns the name into a template first (an image it pulls)."""
+    async def create(self, request: CreateRequest) -> SandboxRecord:
+        """A sandbox from what `request.template_id` names: a snapshot or template built
+        from steps (`name`, `name:tag`; first, as E2B's templates hold both), else a
+        template (`name`, `name:default`), else, with `registry.pull_on_create`, the image
+        a full reference names, pulled once. Anything else is a 404, never a pull."""
         snapshot = await asyncio.to_thread(self.snapshots.registry.lookup, request.template_id)
         if snapshot is not None:
             return await self.snapshots.create(snapshot, request)
-        if template_of is not None:
-            request.template_id = await template_of(request.template_id)
+        request.template_id = await asyncio.to_thread(self._template_named, request.template_id)
         return await self.creations.create(request)
+
+    def _template_named(self, name: str) -> str:
+        image = full_reference(name) if self.cfg.registry.pull_on_create else None
+        if image is None:
+            return self.catalog.named(name)
+        return self.puller.pull_once(image, log.info).template_id
 
     async def close(self) -> None:
         await self._stack.aclose()
