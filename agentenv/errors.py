@@ -16,6 +16,9 @@ class AenvError(Exception):
     """Base of every user-facing error; `status` is the HTTP status, the message is shown."""
 
     status = 500
+    # E2B's machine-readable `error_code` for this failure, sent beside the message when
+    # set (the SDKs turn some into exceptions of their own).
+    error_code: str | None = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -40,6 +43,13 @@ class NotFound(AenvError):
 
 class Conflict(AenvError):
     status = 409
+
+
+class GuestUnresponsiveAtPause(Conflict):
+    """A memory resume of a sandbox whose guest agent did not answer when it was paused:
+    that memory would bring the silent agent back (a resume without memory reboots it)."""
+
+    error_code = "sandbox_snapshot_guest_agent_unresponsive"
 
 
 class TooLarge(AenvError):
@@ -68,10 +78,14 @@ class ErrorAnswer(NamedTuple):
 
     status: int
     message: str
+    error_code: str | None = None
 
     def body(self) -> dict[str, int | str]:
-        """E2B's error body."""
-        return {"code": self.status, "message": self.message}
+        """E2B's error body, with its `error_code` when the failure has one."""
+        body: dict[str, int | str] = {"code": self.status, "message": self.message}
+        if self.error_code is not None:
+            body["error_code"] = self.error_code
+        return body
 
     def encoded(self) -> bytes:
         """The body as JSON bytes."""
@@ -91,7 +105,7 @@ class ErrorAnswer(NamedTuple):
 def error_answer(exc: BaseException) -> ErrorAnswer:
     """The status and message `exc` is answered with (the error table)."""
     if isinstance(exc, AenvError):
-        return ErrorAnswer(exc.status, exc.message)
+        return ErrorAnswer(exc.status, exc.message, exc.error_code)
     if isinstance(exc, DependencyFailed):
         return ErrorAnswer(exc.status, f"{exc.part} failed: {_reason(exc)}")
     return ErrorAnswer(500, f"internal error: {_reason(exc)}")

@@ -12,6 +12,7 @@ from agentenv.errors import (
     DependencyFailed,
     ErrorAnswer,
     Forbidden,
+    GuestUnresponsiveAtPause,
     InvalidInput,
     NotFound,
     TooLarge,
@@ -64,13 +65,23 @@ from agentenv.volumes.nfs import NfsError
 def test_each_kind_of_failure_has_its_status(
     error: BaseException, status: int, message: str
 ) -> None:
-    assert error_answer(error) == (status, message)
+    answer = error_answer(error)
+    assert (answer.status, answer.message, answer.error_code) == (status, message, None)
 
 
 def test_the_body_is_e2bs() -> None:
     answer = error_answer(NotFound("sandbox 'i1' not found"))
     assert answer.body() == {"code": 404, "message": "sandbox 'i1' not found"}
     assert json.loads(answer.encoded()) == answer.body()
+
+
+def test_a_failure_with_an_e2b_error_code_carries_it() -> None:
+    answer = error_answer(GuestUnresponsiveAtPause("sandbox 'i1' was paused while silent"))
+    assert answer.body() == {
+        "code": 409,
+        "message": "sandbox 'i1' was paused while silent",
+        "error_code": "sandbox_snapshot_guest_agent_unresponsive",
+    }
 
 
 def test_raw_asgi_answers_carry_the_same_body() -> None:

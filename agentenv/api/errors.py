@@ -32,7 +32,7 @@ def error_response(
 
 
 def _answer(answer: ErrorAnswer) -> JSONResponse:
-    return error_response(answer.status, answer.message)
+    return JSONResponse(answer.body(), status_code=answer.status)
 
 
 def _describe_validation(exc: RequestValidationError) -> str:

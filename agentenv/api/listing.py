@@ -78,6 +78,11 @@ def listed_fields(record: SandboxRecord) -> dict[str, Any]:
         "envdVersion": ENVD_VERSION,
         "node": record.node or None,
         "volumeMounts": [{"name": m["name"], "path": m["path"]} for m in record.volume_mounts],
+        # E2B's: true, or omitted (a running sandbox, an agent that answered at pause).
+        "envdUnresponsiveAtPause": (
+            PUBLIC_STATE[record.state] == "paused" and record.saved_unresponsive_agent
+        )
+        or None,
     }
 
 

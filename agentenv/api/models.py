@@ -238,6 +238,8 @@ class ListedSandbox(BaseModel):
     # Running, on the node that answers: what it holds in host memory (PSS, MiB).
     hostMemoryMB: int | None = None
     volumeMounts: list[VolumeMount] = Field(default_factory=list)
+    # Paused with the memory of a guest whose agent did not answer: resume without memory.
+    envdUnresponsiveAtPause: bool | None = None
 
 
 class Lifecycle(BaseModel):
@@ -352,6 +354,8 @@ class PathUpdate(_Request):
 class ErrorBody(BaseModel):
     code: int
     message: str
+    # E2B's `error_code`, for the failures that have one (`agentenv/errors.py`).
+    error_code: str | None = None
 
 
 class Health(BaseModel):

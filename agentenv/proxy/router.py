@@ -84,7 +84,8 @@ class SandboxProxy:
                 route = await self._wake(target.sandbox_id)
             except DependencyFailed as exc:
                 # The VMM (or another host part) failed to wake it: a 503 naming the part.
-                await refuse(scope, send, *error_answer(exc))
+                answer = error_answer(exc)
+                await refuse(scope, send, answer.status, answer.message)
                 return
         if route is None:
             await refuse(scope, send, 502, f"The sandbox {target.sandbox_id} was not found")

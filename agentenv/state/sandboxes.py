@@ -101,6 +101,14 @@ class SandboxRecord:
     traffic_token: str | None = None
     # Volumes mounted into it: [{"name", "volumeID", "path"}] (`runtime/machine/mounts.py`).
     volume_mounts: list[dict[str, str]] = field(default_factory=list)
+    # Its guest agent did not answer when its last pause saved its memory (E2B's
+    # `envdUnresponsiveAtPause`): restoring that memory would bring the silent agent back.
+    agent_unresponsive_at_pause: bool = False
+
+    @property
+    def saved_unresponsive_agent(self) -> bool:
+        """Paused with its memory, which holds an agent that did not answer."""
+        return self.agent_unresponsive_at_pause and self.pause_mode == FULL
 
 
 # Options a record keeps under the same name.

@@ -42,6 +42,7 @@ sandboxes = sa.Table(
     sa.Column("traffic_token", sa.Text),
     # Volumes mounted into it: [{"name", "volumeID", "path"}].
     sa.Column("volume_mounts", sa.Text, nullable=False, server_default="[]"),
+    sa.Column("agent_unresponsive_at_pause", sa.Boolean, nullable=False, server_default=sa.false()),
     # A network slot is a node's: two nodes may both use slot 0.
     sa.UniqueConstraint("node", "slot", name="sandboxes_node_slot"),
 )

@@ -102,6 +102,7 @@ async def test_a_store_an_older_server_made_gains_the_new_columns(tmp_path: Path
     old = await store.get("old")
     assert old is not None
     assert (old.guest, old.auto_pause_memory, old.pause_mode) == ({}, True, None)
+    assert old.agent_unresponsive_at_pause is False
     await store.update("old", pause_mode="filesystem", guest={"user": "user"})
     changed = await store.get("old")
     assert changed is not None

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from ...crashpoints import crash_point
-from ...errors import Conflict, Unavailable
+from ...errors import Conflict, GuestUnresponsiveAtPause, Unavailable
 from ...guest.kit import Kit
 from ...state.sandboxes import FILESYSTEM, SandboxRecord
 from ...vmm import guestram
@@ -67,6 +67,11 @@ async def copy_paused(
         raise Conflict(
             f"sandbox '{source.sandbox_id}' was paused without its memory: "
             "snapshot it filesystem-only, or resume it first"
+        )
+    if memory and source.saved_unresponsive_agent:
+        raise GuestUnresponsiveAtPause(
+            f"sandbox '{source.sandbox_id}' was paused while its guest agent did not answer: "
+            "snapshot it filesystem-only"
         )
     if not manager.machines.local_state_intact(source):
         raise Unavailable(

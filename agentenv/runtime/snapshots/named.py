@@ -362,12 +362,15 @@ async def finish_rollback(manager: SandboxManager, record: SandboxRecord) -> boo
         record.vm["extra"] = {**record.vm.get("extra", {}), "kit": meta["kit"]}
     # Its files are the snapshot's now: uploads diff against the snapshot's layers.
     record.layers, record.stored = meta.get("layers", {}), False
+    # Its memory is the snapshot's now, not the one a silent agent may have been paused in.
+    record.agent_unresponsive_at_pause = False
     await manager.store.update(
         record.sandbox_id,
         pause_mode=record.pause_mode,
         vm=record.vm,
         layers=record.layers,
         stored=False,
+        agent_unresponsive_at_pause=False,
     )
     await asyncio.to_thread(
         _move_into_place,

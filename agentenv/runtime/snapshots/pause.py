@@ -14,7 +14,7 @@ from functools import partial
 import httpx
 
 from ...crashpoints import crash_point
-from ...errors import AenvError, NotFound, Unavailable
+from ...errors import AenvError, GuestUnresponsiveAtPause, NotFound, Unavailable
 from ...state.lifecycle import Event, allows
 from ...state.sandboxes import FILESYSTEM, FULL, SandboxRecord
 from ...storage.objectstore import ObjectStore, ObjectStoreError
@@ -46,17 +46,20 @@ class SandboxPauses:
     ) -> None:
         """Save the guest's device state next to its RAM file and stop its VMM: a paused
         sandbox holds disk, not memory or CPU, until it is resumed. Without `memory` only
-        the disk is kept (flushed by the guest first) and a resume starts a fresh guest."""
+        the disk is kept (flushed by the guest first) and a resume starts a fresh guest.
+        A silent guest agent is 503 with `require_healthy_guest` or without `memory`;
+        else the pause goes on and is marked, and only a resume without memory undoes it."""
 
         async def body(record: SandboxRecord) -> None:
-            if require_healthy_guest and not await self.machines.agent(record).healthy():
+            answers = await self.machines.agent(record).healthy()
+            if not answers and (require_healthy_guest or not memory):
                 raise Unavailable(f"sandbox '{sandbox_id}': its guest agent does not answer")
-            await self._pause(record, FULL if memory else FILESYSTEM)
+            await self._pause(record, FULL if memory else FILESYSTEM, not answers)
 
         await self.manager.operate(sandbox_id, Event.PAUSE, body)
         log.info("sandbox %s paused (%s)", sandbox_id, FULL if memory else FILESYSTEM)
 
-    async def _pause(self, record: SandboxRecord, mode: str) -> None:
+    async def _pause(self, record: SandboxRecord, mode: str, unresponsive: bool) -> None:
         crash_point("pause.begun")
         assert record.vm is not None
         handle = VmHandle.from_dict(record.vm)
@@ -64,7 +67,10 @@ class SandboxPauses:
             await self.machines.flush_guest(record)
         # Recorded first: recovery reads from it what a whole pause must have kept.
         record.pause_mode = mode
-        await self.manager.store.update(record.sandbox_id, pause_mode=mode)
+        record.agent_unresponsive_at_pause = unresponsive
+        await self.manager.store.update(
+            record.sandbox_id, pause_mode=mode, agent_unresponsive_at_pause=unresponsive
+        )
         if mode == FILESYSTEM:
             await self.manager.driver.stop(handle)
             crash_point("pause.stopped")
@@ -139,6 +145,12 @@ class SandboxPauses:
         """Run a paused sandbox again: its memory restored, or, without `memory` or after a
         filesystem-only pause, a fresh guest on its disk. Files this node does not hold
         are fetched from the object store first."""
+        if memory and record.saved_unresponsive_agent:
+            raise GuestUnresponsiveAtPause(
+                f"sandbox '{record.sandbox_id}' was paused while its guest agent did not "
+                "answer, and its memory would bring that back: resume it with `memory: false`"
+                " (a fresh guest on its disk)"
+            )
         if record.stored and not self.machines.local_state_intact(record):
             await self._fetch(record)
         if record.stored:
