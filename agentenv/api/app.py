@@ -32,6 +32,7 @@ from .deps import NodeDep
 from .errors import install_error_handlers
 from .limits import BodyLimit
 from .models import Health
+from .teams import teams_router
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
     protected.include_router(templates.router)
     protected.include_router(builds.router)
     protected.include_router(volumes.router)
+    protected.include_router(teams_router(api_key))
     app.include_router(protected)
     # The volume's own token is the credential, not the API key.
     app.include_router(volumes.content)

@@ -19,11 +19,11 @@ from typing import Any
 
 from ..errors import InvalidInput, NotFound
 from ..storage.objectstore import ObjectNotFound, ObjectStore
-from .templates import tag_not_found, valid_name
+from .templates import build_uuid, tag_not_found, valid_name
 
 DEFAULT_TAG = "default"
-# Build UUIDs are version-5 UUIDs of snapshot ids in this namespace.
-_BUILD_NAMESPACE = uuid.UUID("6f1c1d0e-2b47-4d55-9a57-3f0e4b0a7c21")
+# Assignments kept in a tag's history (E2B lists them; the first is the tag's build).
+_KEPT_ASSIGNMENTS = 100
 _ALPHABET = string.ascii_lowercase + string.digits
 
 
@@ -66,7 +66,7 @@ class SnapshotRecord:
     @property
     def build_uuid(self) -> str:
         """The build as E2B names builds (a UUID), derived from its id."""
-        return str(uuid.uuid5(_BUILD_NAMESPACE, self.snapshot_id))
+        return build_uuid(self.snapshot_id)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1).encode()
@@ -177,10 +177,35 @@ class SnapshotRegistry:
             return None
 
     def tag(self, record: SnapshotRecord, tags: list[str]) -> None:
-        """Give `tags` to the build `record` (each moves from any build that had it)."""
+        """Give `tags` to the build `record` (each moves from any build that had it; the
+        builds it had before stay in its history, E2B's assignments)."""
         for tag in tags:
+            key = _tag_key(record.name, tag)
             entry = {"build": record.tag, "createdAt": datetime.now(UTC).isoformat()}
-            self._store.put(_tag_key(record.name, tag), json.dumps(entry).encode())
+            history = [entry, *self._history(key)][:_KEPT_ASSIGNMENTS]
+            self._store.put(key, json.dumps({**entry, "assignments": history}).encode())
+
+    def _history(self, key: str) -> builtins.list[dict[str, str]]:
+        """A tag's assignments, newest first (a tag saved before they were kept has one)."""
+        try:
+            data = json.loads(self._store.get(key))
+            return data.get("assignments") or [
+                {"build": data["build"], "createdAt": data["createdAt"]}
+            ]
+        except (ObjectNotFound, KeyError, ValueError):
+            return []
+
+    def assignments(self, name: str) -> dict[str, builtins.list[tuple[SnapshotRecord, str]]]:
+        """Each tag of `name` with the builds it was given to that still exist, newest
+        first, and when it was given to each."""
+        builds = {build.tag: build for build in self.builds(name)}
+        found: dict[str, builtins.list[tuple[SnapshotRecord, str]]] = {}
+        for key in self._store.list(f"snapshot-tags/{name}/") if builds else []:
+            history = self._history(key)
+            ready = [(builds[e["build"]], e["createdAt"]) for e in history if e["build"] in builds]
+            if ready:
+                found[key.rsplit("/", 1)[1].removesuffix(".json")] = ready
+        return found
 
     def untag(self, name: str, tags: list[str]) -> None:
         for tag in tags:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
@@ -11,6 +12,13 @@ from ..errors import InvalidInput, NotFound
 from ..storage.objectstore import ObjectNotFound, ObjectStore
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+# E2B names builds by UUID: ours are version-5 UUIDs, in this namespace, of what they hold.
+_BUILD_NAMESPACE = uuid.UUID("6f1c1d0e-2b47-4d55-9a57-3f0e4b0a7c21")
+
+
+def build_uuid(build: str) -> str:
+    """The UUID of the build `build` names (a snapshot id, a template at its digest)."""
+    return str(uuid.uuid5(_BUILD_NAMESPACE, build))
 
 
 def valid_name(name: str) -> bool:
@@ -62,6 +70,11 @@ class TemplateRecord:
     vcpus: int | None = None
     memory_mb: int | None = None
 
+    @property
+    def build_uuid(self) -> str:
+        """Its one build, as E2B names builds: pulling new content makes a new one."""
+        return build_uuid(f"{self.template_id}@{self.digest}")
+
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1).encode()
 
@@ -72,6 +85,10 @@ class TemplateRecord:
 
 def _key(template_id: str) -> str:
     return f"templates/{template_id}.json"
+
+
+def _public_key(name: str) -> str:
+    return f"template-public/{name}"
 
 
 class TemplateRegistry:
@@ -105,3 +122,15 @@ class TemplateRegistry:
         """Forget the template; its layers stay, shared with other templates."""
         self.get(template_id)
         self.store.delete(_key(template_id))
+
+    def public_names(self) -> set[str]:
+        """The templates (of any kind) made public, `PATCH /templates/{id}`."""
+        return {key.rsplit("/", 1)[1] for key in self.store.list("template-public/")}
+
+    def set_public(self, name: str, public: bool) -> None:
+        """Beside the records, so every node sees it; a forgotten name is not public."""
+        key = _public_key(validate_name(name))
+        if public:
+            self.store.put(key, b"public")
+        else:
+            self.store.delete(key)
