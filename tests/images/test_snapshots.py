@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,21 @@ def test_tags_name_builds_and_a_default_tag_outranks_the_newest(
     assert [t for t, _, _ in registry.tags("app")] == ["default"]
     registry.untag("app", ["default"])
     assert registry.tags("app") == [] and registry.get("app").tag == v1.tag
+
+
+def test_a_tag_keeps_the_builds_it_named(registry: SnapshotRegistry) -> None:
+    v1 = _build("app", "2026-01-01T00:00:00+00:00")
+    v2 = _build("app", "2026-01-02T00:00:00+00:00")
+    registry.save(v1)
+    registry.save(v2)
+    # A tag saved before histories were kept has the one build it names.
+    registry._store.put(
+        "snapshot-tags/app/live.json",
+        json.dumps({"build": v1.tag, "createdAt": "2026-01-03T00:00:00+00:00"}).encode(),
+    )
+    assert [b.tag for b, _ in registry.assignments("app")["live"]] == [v1.tag]
+    registry.tag(v2, ["live"])
+    assert [b.tag for b, _ in registry.assignments("app")["live"]] == [v2.tag, v1.tag]
+    registry.delete(v1.snapshot_id)  # a deleted build leaves the history
+    assert [b.tag for b, _ in registry.assignments("app")["live"]] == [v2.tag]
+    assert registry.assignments("nothing") == {}
