@@ -110,7 +110,9 @@ class SandboxProxy:
             await refuse(scope, send, 403, f"missing or invalid {TRAFFIC_TOKEN_HEADER.lower()}")
             return
         if scope["type"] == "websocket":
-            await bridge_websocket(scope, receive, send, f"{route.host}:{target.port}", target.path)
+            hostport = f"{route.host}:{target.port}"
+            secure = route.scheme(target.port) == "https"
+            await bridge_websocket(scope, receive, send, hostport, target.path, secure)
         else:
             await self._forward(scope, receive, send, target, route, headers)
 
@@ -123,7 +125,7 @@ class SandboxProxy:
         route: Route,
         headers: dict[bytes, bytes],
     ) -> None:
-        url = f"http://{route.host}:{target.port}{target.path}"
+        url = f"{route.scheme(target.port)}://{route.host}:{target.port}{target.path}"
         forward_headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _DROP_REQUEST]
         if route.mask_host and target.port != ENVD_PORT:
             masked = route.mask_host.replace("${PORT}", str(target.port))

@@ -8,11 +8,25 @@ one before it, which lead nowhere. A client per sandbox, dropped with it, cannot
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
 
 import httpx
 
 from ..runtime.sandboxes.routes import Route
+
+
+def _guest_tls() -> ssl.SSLContext:
+    """TLS to a guest's HTTPS port without verifying its certificate, as E2B's proxy does:
+    a sandbox's service has a self-signed one (or none a CA would sign for its address)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+# One for every client: making a context per sandbox would cost each its setup.
+GUEST_TLS = _guest_tls()
 
 
 class UpstreamClients:
@@ -32,6 +46,7 @@ class UpstreamClients:
             # Guests are on this host: an HTTP(S)_PROXY set for the server's own egress
             # must not carry sandbox traffic off it.
             trust_env=False,
+            verify=GUEST_TLS,
             timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0),
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=20),
         )

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from .target import ROUTING_HEADERS
+from .upstream import GUEST_TLS
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +22,10 @@ _HANDSHAKE = ROUTING_HEADERS | {
 
 
 async def bridge_websocket(
-    scope: dict[str, Any], receive: Any, send: Any, hostport: str, path: str
+    scope: dict[str, Any], receive: Any, send: Any, hostport: str, path: str, secure: bool = False
 ) -> None:
-    """Open the guest's WebSocket first, then accept the client's, then pump until one closes."""
+    """Open the guest's WebSocket first (over TLS, unverified, when `secure`), then accept
+    the client's, then pump until one closes."""
     if (await receive())["type"] != "websocket.connect":
         return
     # Latin-1, as HTTP reads header bytes: any byte decodes, so no header can fail the bridge.
@@ -35,7 +37,8 @@ async def bridge_websocket(
     async with aiohttp.ClientSession() as session:
         try:
             upstream = await session.ws_connect(
-                f"ws://{hostport}{path}",
+                f"{'wss' if secure else 'ws'}://{hostport}{path}",
+                ssl=GUEST_TLS,  # used by wss:// alone
                 headers=headers,
                 protocols=tuple(scope.get("subprotocols", ())),
                 autoping=True,

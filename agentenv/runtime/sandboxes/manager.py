@@ -197,6 +197,7 @@ class SandboxManager:
                 record.traffic_token,
                 record.network.get("maskRequestHost"),
                 egress_rules(record),
+                frozenset(record.network.get("httpsPorts", ())),
             ),
         )
 

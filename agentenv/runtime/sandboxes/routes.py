@@ -21,6 +21,12 @@ class Route:
     mask_host: str | None = None
     # Its egress rules: the egress proxy reads its allowed domains.
     egress: EgressRules = field(default_factory=EgressRules)
+    # Its ports that serve HTTPS (E2B's `httpsPorts`): the proxy speaks TLS to them.
+    https_ports: frozenset[int] = frozenset()
+
+    def scheme(self, port: int) -> str:
+        """How the proxy speaks to the guest's `port`."""
+        return "https" if port in self.https_ports else "http"
 
 
 class RouteTable:
