@@ -10,8 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 import websockets
+from e2b import Sandbox
 
-from ..live import LiveServer, wait_for
+from ..live import TEST_KEY, LiveServer, wait_for
+from ..proxy.test_https_ports import self_signed
 from ..vmfactory import VmFactory
 from .test_sandbox_lifecycle import kill, run
 
@@ -62,6 +64,36 @@ def test_host_routing_with_a_sandbox_domain(fresh_server: LiveServer, vms: VmFac
     api_health = httpx.get(fresh_server.url + "/health")
     assert api_health.json()["status"] == "ok"
     kill(fresh_server, sid)
+
+
+def test_an_https_port_through_get_host(
+    fresh_server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E2B's `httpsPorts`: a guest serving HTTPS with a self-signed certificate on port 3000
+    is reached at `sandbox.get_host(3000)`, the proxy speaking TLS to it unverified."""
+    fresh_server.extra_env["AENV_SERVER_DOMAIN"] = "sbx.test"
+    fresh_server.start()
+    monkeypatch.setenv("E2B_API_URL", fresh_server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", fresh_server.url)
+    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+    sandbox = Sandbox.create(network={"https_ports": [3000]})
+    try:
+        for path in (*self_signed(tmp_path), GUEST_DIR / "https_hello.py"):
+            sandbox.files.write(f"/tmp/{path.name}", path.read_bytes())
+        sandbox.commands.run(
+            "python3 /tmp/https_hello.py 3000 /tmp/cert.pem /tmp/key.pem", background=True
+        )
+        host = sandbox.get_host(3000)
+        assert host == f"3000-{sandbox.sandbox_id}.sbx.test"
+
+        def get() -> httpx.Response:
+            return httpx.get(fresh_server.url + "/", headers={"Host": host}, timeout=5)
+
+        assert wait_for(lambda: get().status_code != 502, timeout=30)
+        answer = get()
+        assert (answer.status_code, answer.text) == (200, "hello over tls\n")
+    finally:
+        sandbox.kill()
 
 
 def test_access_tokens(server: LiveServer, vms: VmFactory) -> None:

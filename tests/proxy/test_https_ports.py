@@ -22,8 +22,8 @@ from agentenv.proxy.router import SandboxProxy
 from agentenv.runtime.sandboxes.routes import Route
 
 
-def self_signed(directory: Path) -> ssl.SSLContext:
-    """A server context with a certificate nobody signed, as a guest's service has."""
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate nobody signed, as a guest's service has, and its key (PEM files)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "guest")])
     now = datetime.datetime.now(datetime.UTC)
@@ -45,9 +45,7 @@ def self_signed(directory: Path) -> ssl.SSLContext:
             serialization.NoEncryption(),
         )
     )
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(directory / "cert.pem", directory / "key.pem")
-    return context
+    return directory / "cert.pem", directory / "key.pem"
 
 
 @pytest.fixture
@@ -70,7 +68,9 @@ async def https_guest(tmp_path: Path) -> AsyncIterator[int]:
     app.router.add_get("/ws", echo)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=self_signed(tmp_path))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*self_signed(tmp_path))
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
     await site.start()
     yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     await runner.cleanup()
