@@ -10,7 +10,14 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxQuery, SandboxState
+from e2b import (
+    AsyncSandbox,
+    CommandExitException,
+    GuestUnresponsiveException,
+    Sandbox,
+    SandboxQuery,
+    SandboxState,
+)
 from e2b.exceptions import NotFoundException, SandboxException, TimeoutException
 
 from ..live import LiveServer, wait_for
@@ -178,6 +185,28 @@ def test_traffic_wakes_a_sandbox_that_asked_for_it(server: LiveServer) -> None:
         assert httpx.get(f"{server.url}/health", headers=headers).status_code == 502
     finally:
         sleeper.kill()
+
+
+def test_a_pause_while_the_agent_is_silent_resumes_only_by_reboot() -> None:
+    """E2B's `envdUnresponsiveAtPause`: the memory of a guest whose agent did not answer
+    is not restored (`GuestUnresponsiveException`); `on_resume="reboot"` starts it afresh."""
+    sandbox = Sandbox.create()
+    try:
+        sandbox.files.write("/home/user/kept", "on disk")
+        sandbox.commands.run("sync")  # a reboot keeps the disk, not the page cache
+        # The agent stops answering a second after this command has been answered.
+        stop = "(sleep 1; pkill -STOP -f '[a]env_agent --port') >/dev/null 2>&1 &"
+        sandbox.commands.run(stop, user="root")
+        time.sleep(3)
+        sandbox.pause()
+        assert Sandbox.get_info(sandbox.sandbox_id).envd_unresponsive_at_pause is True
+        with pytest.raises(GuestUnresponsiveException):
+            Sandbox.connect(sandbox.sandbox_id)
+        rebooted = Sandbox.connect(sandbox.sandbox_id, on_resume="reboot")
+        assert rebooted.files.read("/home/user/kept") == "on disk"
+        assert rebooted.get_info().envd_unresponsive_at_pause is None
+    finally:
+        sandbox.kill()
 
 
 def test_a_command_of_a_killed_sandbox_says_so() -> None:
