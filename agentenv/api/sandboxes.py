@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from datetime import UTC, datetime
+from ipaddress import IPv4Address
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, Response
@@ -15,6 +16,7 @@ from ..errors import InvalidInput, error_answer
 from ..guest.agent import ENVD_VERSION
 from ..images.pull import default_name
 from ..images.reference import parse_reference
+from ..net.dns import is_dns_name
 from ..net.rules import egress_of
 from ..net.transforms import normalize_rules
 from ..runtime.machine.mounts import resolve_mounts
@@ -75,11 +77,8 @@ def network_option(
 ) -> dict[str, Any]:
     """The `network` option as stored: what was given, checked, its rules' keys lower-cased."""
     given = network.model_dump(exclude_none=True) if network is not None else {}
-    if given.get("egressProxy"):
-        raise InvalidInput(
-            "network.egressProxy: a SOCKS5 egress proxy is not available on this server"
-        )
-    given.pop("egressProxy", None)
+    if "egressProxy" in given:
+        _check_proxy_address(given["egressProxy"]["address"])
     given.pop("allow_internet_access", None)  # an update's; stored as allow_internet
     if ENVD_PORT in given.get("httpsPorts", ()):
         raise InvalidInput(f"network.httpsPorts: the agent's port {ENVD_PORT} cannot be listed")
@@ -89,6 +88,20 @@ def network_option(
         given["rules"] = normalize_rules(given["rules"])
     egress_of(given, internet)
     return given
+
+
+def _check_proxy_address(address: str) -> None:
+    host, _, port = address.rpartition(":")
+    if not 0 < int(port) < 65536:
+        raise InvalidInput(f"network.egressProxy.address: {address!r}: ports are 1 to 65535")
+    if not is_dns_name(host.lower()):
+        try:
+            IPv4Address(host)
+        except ValueError:
+            raise InvalidInput(
+                f"network.egressProxy.address: {address!r}: the host must be a name or an"
+                " IPv4 address"
+            ) from None
 
 
 async def _template_for(node: Node, name: str) -> str:

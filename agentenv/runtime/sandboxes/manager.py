@@ -89,6 +89,7 @@ class SandboxManager:
             self.adopt(record)
         else:
             self.routes.drop(record.sandbox_id)
+            await self.networks.stop_tunnel(record)
 
     async def operate(
         self,
