@@ -30,7 +30,7 @@ from ..api.models import ListedSandbox, SandboxDetail, SandboxesWithMetrics
 from ..api.sandboxes import public_domain, sandbox_detail
 from ..api.volumes import CONTENT
 from ..config import Config
-from ..errors import NotFound
+from ..errors import ErrorAnswer, NotFound
 from ..observe.logs import RequestIds
 from ..observe.metrics import (
     CONTENT_TYPE,
@@ -213,7 +213,7 @@ async def _relay(plane: ControlPlane, request: Request, node: NodeInfo, kind: st
         upstream = await plane.client.send(upstream_request, stream=True)
     except httpx.HTTPError as exc:
         RELAYED.labels(kind, "502").inc()
-        return error_response(502, f"node {node.name} cannot be reached: {exc}")
+        return error_response(ErrorAnswer(502, f"node {node.name} cannot be reached: {exc}"))
     RELAYED.labels(kind, str(upstream.status_code)).inc()
     return StreamingResponse(
         upstream.aiter_raw(),
@@ -249,14 +249,16 @@ class ControlProxy:
         try:
             target = target_of(scope, self._domain)
         except BadTarget as exc:
-            await refuse(scope, send, 400, str(exc))
+            await refuse(scope, send, ErrorAnswer(400, str(exc)))
             return
         if target is None:
             await self.app(scope, receive, send)
             return
         node_url = await self._node_url(target.sandbox_id)
         if node_url is None:
-            await refuse(scope, send, 502, f"The sandbox {target.sandbox_id} was not found")
+            await refuse(
+                scope, send, ErrorAnswer(502, f"The sandbox {target.sandbox_id} was not found")
+            )
             return
         # The node's proxy routes the path form; its token checks still apply there.
         path = f"/proxy/{target.sandbox_id}/{target.port}{target.path}"

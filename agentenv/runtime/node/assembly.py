@@ -16,7 +16,7 @@ from ipaddress import IPv4Address
 from pathlib import Path
 
 from ...config import Config
-from ...errors import NotFound, Unavailable
+from ...errors import NotFound, PermanentlyUnavailable
 from ...guest.kit import load_kit
 from ...images.builder import TemplateBuilds
 from ...images.buildfiles import BuildFiles
@@ -119,7 +119,9 @@ class Node:
     ) -> Node:
         kit = load_kit(cfg)
         if kit is None:
-            raise Unavailable("the guest kit is not built: run `aenv kit build` (or `make run`)")
+            raise PermanentlyUnavailable(
+                "the guest kit is not built: run `aenv kit build` (or `make run`)"
+            )
         accel = await asyncio.to_thread(
             choose_accel,
             cfg.vmm.accel,

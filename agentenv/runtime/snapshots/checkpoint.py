@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from ...crashpoints import crash_point
-from ...errors import Conflict, Unavailable
+from ...errors import Conflict, PermanentlyUnavailable, Unavailable
 from ...guest.kit import Kit
 from ...state.sandboxes import FILESYSTEM, SandboxRecord
 from ...vmm import guestram
@@ -69,7 +69,7 @@ async def copy_paused(
             "snapshot it filesystem-only, or resume it first"
         )
     if not manager.machines.local_state_intact(source):
-        raise Unavailable(
+        raise PermanentlyUnavailable(
             f"sandbox '{source.sandbox_id}': its files are not on this node; resume it first"
         )
     workdir = manager.machines.workdir(source.sandbox_id)
