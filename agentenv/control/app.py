@@ -24,6 +24,7 @@ from starlette.background import BackgroundTask
 from ..api.auth import ApiKeyAuth, load_or_create_api_key
 from ..api.builds import UPLOADS
 from ..api.errors import error_response, install_error_handlers
+from ..api.idempotency import CONTROL, IdempotentOperations
 from ..api.limits import BodyLimit
 from ..api.listing import ListQuery, list_query, listed_page, running_listed
 from ..api.models import ListedSandbox, SandboxDetail, SandboxesWithMetrics
@@ -44,6 +45,7 @@ from ..proxy.router import refuse, target_of
 from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
 from ..proxy.target import ROUTING_HEADERS, BadTarget
 from ..proxy.websocket import bridge_websocket
+from ..state.idempotency import SqlKeyStore
 from ..state.lifecycle import State
 from ..state.nodes import NodeEvent, NodeInfo, NodeState
 from ..state.sandboxes import open_engine
@@ -78,6 +80,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
         async with httpx.AsyncClient(trust_env=False, timeout=timeout) as client:
             plane = ControlPlane(cfg, engine, client)
             app.state.plane = plane
+            app.state.idempotency = SqlKeyStore(engine)
             watcher = asyncio.create_task(plane.watch())
             try:
                 yield
@@ -88,6 +91,9 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
                 await engine.dispose()
 
     app = FastAPI(title="AgentENV control plane", version="0.1.0", lifespan=lifespan)
+    # A client's key is honoured here too (then passed on to the node): a retry of a
+    # request whose relay is lost, or whose control replica died, finds its answer.
+    app.add_middleware(IdempotentOperations, role=CONTROL)
     app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes, streamed=(UPLOADS, CONTENT))
     install_error_handlers(app)
 

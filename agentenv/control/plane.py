@@ -8,15 +8,18 @@ object store (templates, snapshots), so several replicas can run behind one addr
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import secrets
 import time
+import uuid
 from collections.abc import Mapping
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ..api.idempotency import IDEMPOTENCY_KEY
 from ..api.models import MAX_METRICS_SANDBOXES, SandboxesWithMetrics, SandboxMetric
 from ..config import Config
 from ..errors import InvalidInput, NotFound, Unavailable
@@ -33,6 +36,10 @@ log = logging.getLogger(__name__)
 
 # Seconds between checks for silent nodes.
 WATCH_INTERVAL = 1.0
+# Times a create whose answer was lost is sent again (with its key) beyond one per node.
+RELAY_RETRIES = 2
+# Answers of a proxy between here and a node that lost the node's answer.
+_LOST_ON_THE_WAY = (502, 504)
 
 
 class ControlPlane:
@@ -159,23 +166,38 @@ class ControlPlane:
         raise Unavailable(f"sandbox '{record.sandbox_id}': no node could take it")
 
     async def create(self, path: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
-        """Send a create to the best node with room; the next one when a node refuses for
-        capacity (503). Its answer, whatever it is otherwise."""
+        """Send a create to the best node with room: the next one when a node refuses for
+        capacity (503) or cannot be reached; again later when its answer was lost on the
+        way. Every attempt carries one idempotency key (the client's, else one of its
+        own; nodes share their keys), so a create that reached a node never runs twice.
+        Its answer, whatever it is otherwise."""
         wanted = await self._wanted_for_create(body)
         nodes = candidates(
             await self.nodes.list(), wanted, time.time(), self.cfg.cluster.node_timeout
         )
         if not nodes:
             raise Unavailable("no node has room for a new sandbox")
+        headers = dict(headers)
+        if IDEMPOTENCY_KEY.lower() not in {name.lower() for name in headers}:
+            headers[IDEMPOTENCY_KEY] = str(uuid.uuid4())
         answer: httpx.Response | None = None
-        for node in nodes:
+        queue = collections.deque(nodes)
+        for _ in range(len(nodes) + RELAY_RETRIES):
+            if not queue:
+                break
+            node = queue.popleft()
             try:
-                answer = await self._call(node, "POST", path, headers, body)
+                attempt = await self._call(node, "POST", path, headers, body)
             except httpx.HTTPError as exc:
                 log.warning("create on node %s failed: %s", node.name, exc)
-                continue
-            if answer.status_code != 503:
-                return answer
+                lost = not isinstance(exc, httpx.ConnectError)
+            else:
+                lost = attempt.status_code in _LOST_ON_THE_WAY
+                if attempt.status_code != 503 and not lost:
+                    return attempt
+                answer = attempt
+            if lost:
+                queue.append(node)  # it may have the create: asked again, it answers that
         if answer is None:
             raise Unavailable("no node answered the create")
         return answer
