@@ -21,6 +21,7 @@ from agentenv.errors import (
     Unavailable,
     error_answer,
 )
+from agentenv.images.convert import ConversionError
 from agentenv.images.registry_errors import RegistryNotFound
 from agentenv.net.plan import NetworkError
 from agentenv.runtime.sandboxes.manager import GuestLost
@@ -115,6 +116,7 @@ STOP = {"Should-Retry": "false"}
         # What no retry changes: stop at once.
         (PermanentlyUnavailable("the guest kit is not built"), STOP),
         (GuestLost("failed after its guest resumed"), STOP),
+        (ConversionError("layer sha256:aa: mkfs failed"), STOP),
         (KeyError("slot"), STOP),
     ],
 )
