@@ -123,7 +123,7 @@ class ErrorAnswer(NamedTuple):
 
 
 def error_answer(exc: BaseException) -> ErrorAnswer:
-    """The status and message `exc` is answered with (the error table)."""
+    """The status, message and retry advice `exc` is answered with (the error table)."""
     if isinstance(exc, AenvError):
         return ErrorAnswer(exc.status, exc.message, exc.retry_after, exc.permanent)
     if isinstance(exc, DependencyFailed):

@@ -34,10 +34,12 @@ class IdempotentOperations:
         self.role = role
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        keyed = scope["type"] == "http" and scope["method"] == "POST"
-        headers = Headers(scope=scope) if keyed and _KEYED.match(scope["path"]) else Headers()
-        key = headers.get(IDEMPOTENCY_KEY)
-        if key is None:
+        keyed = (
+            scope["type"] == "http" and scope["method"] == "POST" and _KEYED.match(scope["path"])
+        )
+        headers = Headers(scope=scope) if keyed else None
+        key = headers.get(IDEMPOTENCY_KEY) if headers is not None else None
+        if headers is None or key is None:
             await self.app(scope, receive, send)
             return
         try:
@@ -50,7 +52,7 @@ class IdempotentOperations:
             return  # the client went away
         keys: KeyStore = scope["app"].state.idempotency
         # Keys are the API key's: a digest of it, never the key itself, goes into the store.
-        owner = f"{self.role}/{_digest(headers.get(API_KEY_HEADER, '').encode())}"
+        whose = f"{self.role}/{_digest(headers.get(API_KEY_HEADER, '').encode())}"
         answered: list[Message] = []
 
         async def operation() -> Answer:
@@ -61,7 +63,7 @@ class IdempotentOperations:
             return _answer_of(answered)
 
         try:
-            answer, replayed = await run_once(keys, owner, key, _request(scope, body), operation)
+            answer, replayed = await run_once(keys, whose, key, _request(scope, body), operation)
         except KeyReused as exc:
             await send_error(send, error_answer(exc))
             return
