@@ -1,5 +1,5 @@
-"""`Idempotency-Key` through the real create route, on a node of fakes: a retry answers the
-first result, waits for it while it runs, and never creates twice."""
+"""`Idempotency-Key` through the real routes, on a node of fakes: a retry answers the first
+result, waits for it while it runs, and never creates, forks or resumes twice."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from agentenv.api import sandboxes
 from agentenv.api.errors import install_error_handlers
 from agentenv.api.idempotency import NODE, IdempotentOperations
+from agentenv.runtime.snapshots.fork import SandboxForks
 from agentenv.state.idempotency import SqlKeyStore
 from agentenv.vmm.driver import VmmError
 
@@ -36,7 +37,10 @@ async def api(h: Harness) -> AsyncIterator[httpx.AsyncClient]:
     install_error_handlers(app)
     app.add_middleware(IdempotentOperations, role=NODE)
     app.include_router(sandboxes.router)
-    app.state.node = CreatingNode(h)
+    node = CreatingNode(h)
+    node.forks = SandboxForks(h.manager)  # type: ignore[attr-defined]
+    node.pauses = h.pauses  # type: ignore[attr-defined]
+    app.state.node = node
     app.state.idempotency = SqlKeyStore(h.manager.store.engine)
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://aenv") as client:
@@ -109,3 +113,19 @@ async def test_a_failure_a_retry_may_mend_is_not_kept(h: Harness, api: httpx.Asy
     assert first.status_code == again.status_code == 400
     assert again.headers["idempotent-replayed"] == "true"
     assert len(await h.manager.store.list()) == 1
+
+
+async def test_a_fork_and_a_resume_are_not_done_twice(h: Harness, api: httpx.AsyncClient) -> None:
+    parent = await h.create()
+    forked = await api.post(f"/sandboxes/{parent}/fork", json={}, headers=keyed("fork-1"))
+    again = await api.post(f"/sandboxes/{parent}/fork", json={}, headers=keyed("fork-1"))
+    assert forked.status_code == again.status_code == 201
+    assert again.json() == forked.json() and again.headers["idempotent-replayed"] == "true"
+    assert len(await h.manager.store.list()) == 2
+    await h.pauses.pause(parent)
+    resumed = await api.post(f"/v2/sandboxes/{parent}/connect", json={}, headers=keyed("c-1"))
+    # Without its key a second connect would find it running (200); with it, the resume.
+    again = await api.post(f"/v2/sandboxes/{parent}/connect", json={}, headers=keyed("c-1"))
+    assert resumed.status_code == again.status_code == 201
+    assert again.headers["idempotent-replayed"] == "true"
+    assert await h.state(parent) == "running"
