@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..errors import Conflict, InvalidInput
@@ -117,7 +117,7 @@ class SqlKeyStore:
             self._key(scope, key), keys_table.c.owner == owner, keys_table.c.status.is_(None)
         )
 
-    async def _rows(self, statement: sa.Update | sa.Delete) -> int:
+    async def _rows(self, statement: sa.Insert | sa.Update | sa.Delete) -> int:
         async with self.engine.begin() as connection:
             return (await connection.execute(statement)).rowcount
 
@@ -125,22 +125,23 @@ class SqlKeyStore:
         now = self._clock()
         if now - self._pruned > PRUNE_EVERY:
             await self.prune()
+        # Inserted unless the key is there: no error to catch (PostgreSQL would log each).
+        dialect = postgresql if self.engine.dialect.name == "postgresql" else sqlite
+        insert: sa.Insert = (
+            dialect.insert(keys_table)
+            .values(
+                scope=scope,
+                key=key,
+                request=request,
+                owner=owner,
+                lease_until=now + self.lease,
+                created_at=now,
+            )
+            .on_conflict_do_nothing()
+        )
         while True:
-            try:
-                async with self.engine.begin() as connection:
-                    await connection.execute(
-                        sa.insert(keys_table).values(
-                            scope=scope,
-                            key=key,
-                            request=request,
-                            owner=owner,
-                            lease_until=now + self.lease,
-                            created_at=now,
-                        )
-                    )
+            if await self._rows(insert):
                 return None
-            except IntegrityError:
-                pass
             if await self._rows(sa.delete(keys_table).where(self._key(scope, key), _expired(now))):
                 continue  # its day is over: the key is free again
             async with self.engine.connect() as connection:
