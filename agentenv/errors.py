@@ -4,6 +4,10 @@
 guest), each with its status. `DependencyFailed`s are a host part failing (the VMM, the
 object store): 503 naming the part. Anything else is a bug: 500. `error_answer` is the
 one mapping, used by the API, the control plane and the data plane alike.
+
+Each failure also says whether a retry can help, as E2B's SDKs read it: `Retry-After`
+and `Should-Retry: true` when it may (no capacity, a part down for now), `Should-Retry:
+false` when it cannot (a misconfiguration, a bug), nothing for the client's own faults.
 """
 
 from __future__ import annotations
@@ -11,11 +15,19 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
+# Seconds a client is told to wait before retrying what may succeed later: the SDKs
+# retry three times within their request timeout (60 s by default).
+RETRY_AFTER_SECONDS = 1
+
 
 class AenvError(Exception):
     """Base of every user-facing error; `status` is the HTTP status, the message is shown."""
 
     status = 500
+    # Seconds after which a retry may succeed (`Retry-After`); None: no advice.
+    retry_after: int | None = None
+    # No retry can succeed: the SDKs stop at once (`Should-Retry: false`).
+    permanent = False
     # E2B's machine-readable `error_code` for this failure, sent beside the message when
     # set (the SDKs turn some into exceptions of their own).
     error_code: str | None = None
@@ -60,6 +72,14 @@ class Unavailable(AenvError):
     """Not enough host capacity, or a dependency is down; the client may retry later."""
 
     status = 503
+    retry_after: int | None = RETRY_AFTER_SECONDS
+
+
+class PermanentlyUnavailable(Unavailable):
+    """A 503 no retry changes: this host lacks what the request needs (its kit, vCPUs)."""
+
+    retry_after = None
+    permanent = True
 
 
 class DependencyFailed(RuntimeError):
@@ -71,13 +91,16 @@ class DependencyFailed(RuntimeError):
 
     status = 503
     part = "a host component"
+    retry_after: int | None = RETRY_AFTER_SECONDS
 
 
 class ErrorAnswer(NamedTuple):
-    """A failure as a client sees it: an HTTP status and a message."""
+    """A failure as a client sees it: an HTTP status, a message and retry advice."""
 
     status: int
     message: str
+    retry_after: int | None = None
+    permanent: bool = False
     error_code: str | None = None
 
     def body(self) -> dict[str, int | str]:
@@ -86,6 +109,12 @@ class ErrorAnswer(NamedTuple):
         if self.error_code is not None:
             body["error_code"] = self.error_code
         return body
+
+    def headers(self) -> dict[str, str]:
+        """The retry advice as E2B's SDKs read it (a present `Should-Retry` is obeyed)."""
+        if self.retry_after is not None:
+            return {"Retry-After": str(self.retry_after), "Should-Retry": "true"}
+        return {"Should-Retry": "false"} if self.permanent else {}
 
     def encoded(self) -> bytes:
         """The body as JSON bytes."""
@@ -96,19 +125,25 @@ class ErrorAnswer(NamedTuple):
         (the data plane, the body limit); `headers` are added to the response's."""
         body = self.encoded()
         framing = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        advice = [(k.lower().encode(), v.encode()) for k, v in self.headers().items()]
         return [
-            {"type": "http.response.start", "status": self.status, "headers": [*framing, *headers]},
+            {
+                "type": "http.response.start",
+                "status": self.status,
+                "headers": [*framing, *advice, *headers],
+            },
             {"type": "http.response.body", "body": body},
         ]
 
 
 def error_answer(exc: BaseException) -> ErrorAnswer:
-    """The status and message `exc` is answered with (the error table)."""
+    """The status, message and retry advice `exc` is answered with (the error table)."""
     if isinstance(exc, AenvError):
-        return ErrorAnswer(exc.status, exc.message, exc.error_code)
+        return ErrorAnswer(exc.status, exc.message, exc.retry_after, exc.permanent, exc.error_code)
     if isinstance(exc, DependencyFailed):
-        return ErrorAnswer(exc.status, f"{exc.part} failed: {_reason(exc)}")
-    return ErrorAnswer(500, f"internal error: {_reason(exc)}")
+        return ErrorAnswer(exc.status, f"{exc.part} failed: {_reason(exc)}", exc.retry_after)
+    # A bug answers the same way again.
+    return ErrorAnswer(500, f"internal error: {_reason(exc)}", permanent=True)
 
 
 def _reason(exc: BaseException) -> str:

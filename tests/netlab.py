@@ -4,8 +4,10 @@ or cloud metadata, servers to put in them, and a probe a guest runs. No packet l
 from __future__ import annotations
 
 import secrets
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -365,6 +367,54 @@ def echo_server(netns: str, certificate: Path, *, hashed: bool = False) -> Itera
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline()
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# microsocks's port, and stunnel's in front of it.
+SOCKS_PORT, SOCKS_TLS_PORT = 1080, 1443
+
+
+@contextmanager
+def socks_server(
+    at: Peer, dns: str, log: Path, hosts: dict[str, str] | None = None
+) -> Iterator[None]:
+    """microsocks in `at`'s namespace, with a user; it resolves names with `dns` (if any)
+    and `hosts`."""
+    etc = Path("/etc/netns") / at.netns
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "resolv.conf").write_text(f"nameserver {dns}\n" if dns else "")
+    (etc / "hosts").write_text("".join(f"{ip} {name}\n" for name, ip in (hosts or {}).items()))
+    command = ["ip", "netns", "exec", at.netns, "microsocks", "-i", "0.0.0.0"]
+    command += ["-p", str(SOCKS_PORT), "-u", "agent", "-P", "s3cret"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(0.3)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(etc, ignore_errors=True)
+
+
+@contextmanager
+def tls_in_front(at: Peer, certificate: Path, workdir: Path) -> Iterator[None]:
+    """stunnel in `at`'s namespace: TLS on SOCKS_TLS_PORT, to microsocks inside."""
+    config = workdir / "stunnel.conf"
+    config.write_text(
+        f"foreground = yes\npid =\n[socks]\naccept = 0.0.0.0:{SOCKS_TLS_PORT}\n"
+        f"connect = 127.0.0.1:{SOCKS_PORT}\ncert = {certificate}\n"
+    )
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", at.netns, "stunnel", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)
         yield
     finally:
         proc.kill()

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from agentenv.errors import (
+    RETRY_AFTER_SECONDS,
     AenvError,
     Conflict,
     DependencyFailed,
@@ -15,13 +16,16 @@ from agentenv.errors import (
     GuestUnresponsiveAtPause,
     InvalidInput,
     NotFound,
+    PermanentlyUnavailable,
     TooLarge,
     Unauthorized,
     Unavailable,
     error_answer,
 )
+from agentenv.images.convert import ConversionError
 from agentenv.images.registry_errors import RegistryNotFound
 from agentenv.net.plan import NetworkError
+from agentenv.runtime.sandboxes.manager import GuestLost
 from agentenv.storage.blockd import BlockdError
 from agentenv.storage.chunkcache import CorruptChunk
 from agentenv.storage.objectstore import ObjectStoreError
@@ -102,3 +106,43 @@ def test_host_part_failures_keep_their_catches(family: type[DependencyFailed]) -
     traffic and builds catch and handle as the request's own failure."""
     assert issubclass(family, RuntimeError)
     assert not issubclass(family, AenvError)
+
+
+RETRY = {"Retry-After": str(RETRY_AFTER_SECONDS), "Should-Retry": "true"}
+STOP = {"Should-Retry": "false"}
+
+
+@pytest.mark.parametrize(
+    ("error", "headers"),
+    [
+        # The client's own faults: the SDKs never retry a 4xx, so nothing is said.
+        (InvalidInput("bad"), {}),
+        (NotFound("gone"), {}),
+        (Conflict("paused"), {}),
+        # No capacity, or a part down for now: wait a moment and try again.
+        (Unavailable("not enough host memory"), RETRY),
+        (NfsError("ganesha did not start"), RETRY),
+        (VmmError("qemu exited with 1"), RETRY),
+        (ObjectStoreError("get a/b: EIO"), RETRY),
+        # What no retry changes: stop at once.
+        (PermanentlyUnavailable("the guest kit is not built"), STOP),
+        (GuestLost("failed after its guest resumed"), STOP),
+        (ConversionError("layer sha256:aa: mkfs failed"), STOP),
+        (KeyError("slot"), STOP),
+    ],
+)
+def test_each_failure_says_whether_a_retry_can_help(
+    error: BaseException, headers: dict[str, str]
+) -> None:
+    assert error_answer(error).headers() == headers
+
+
+def test_raw_asgi_answers_carry_the_retry_advice() -> None:
+    start, _ = error_answer(Unavailable("no room")).asgi_messages()
+    headers = dict(start["headers"])
+    assert (headers[b"retry-after"], headers[b"should-retry"]) == (
+        str(RETRY_AFTER_SECONDS).encode(),
+        b"true",
+    )
+    start, _ = error_answer(RuntimeError("bug")).asgi_messages()
+    assert dict(start["headers"])[b"should-retry"] == b"false"

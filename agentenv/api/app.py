@@ -17,6 +17,7 @@ from ..observe.metrics import CONTENT_TYPE, exposition
 from ..proxy.router import SandboxProxy
 from ..runtime.node.assembly import Node, refresh_node_metrics
 from ..runtime.sandboxes.routes import Route
+from ..state.idempotency import SqlKeyStore
 from . import (
     builds,
     sandboxes,
@@ -30,6 +31,7 @@ from . import (
 from .auth import ApiKeyAuth, load_or_create_api_key
 from .deps import NodeDep
 from .errors import install_error_handlers
+from .idempotency import NODE, IdempotentOperations
 from .limits import BodyLimit
 from .models import Health
 from .teams import teams_router
@@ -44,6 +46,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         node = await Node.open(cfg, signing_key(api_key))
         app.state.node = node
+        app.state.idempotency = SqlKeyStore(node.nodes.engine)
         try:
             yield
         finally:
@@ -51,6 +54,8 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
 
     app = FastAPI(title="AgentENV", version="0.1.0", lifespan=lifespan)
     app.state.config = cfg
+    # Inside the body limit: a keyed request's body is bounded before it is read whole.
+    app.add_middleware(IdempotentOperations, role=NODE)
     app.add_middleware(
         BodyLimit, max_bytes=cfg.server.max_body_bytes, streamed=(builds.UPLOADS, volumes.CONTENT)
     )

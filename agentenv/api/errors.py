@@ -25,14 +25,11 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def error_response(
-    status: int, message: str, headers: Mapping[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse(ErrorAnswer(status, message).body(), status_code=status, headers=headers)
-
-
-def _answer(answer: ErrorAnswer) -> JSONResponse:
-    return JSONResponse(answer.body(), status_code=answer.status)
+def error_response(answer: ErrorAnswer, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """`answer` with its retry advice, and `headers` besides."""
+    return JSONResponse(
+        answer.body(), status_code=answer.status, headers={**answer.headers(), **(headers or {})}
+    )
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -48,7 +45,7 @@ def _describe_validation(exc: RequestValidationError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AenvError)
     async def _aenv(_: Request, exc: AenvError) -> JSONResponse:
-        return _answer(error_answer(exc))
+        return error_response(error_answer(exc))
 
     # Its own handler, not the catch-all below: Starlette re-raises what that one answers.
     @app.exception_handler(DependencyFailed)
@@ -57,18 +54,18 @@ def install_error_handlers(app: FastAPI) -> None:
         log.warning(
             "%s %s failed: %s", request.method, request.url.path, answer.message, exc_info=exc
         )
-        return _answer(answer)
+        return error_response(answer)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(400, _describe_validation(exc))
+        return error_response(ErrorAnswer(400, _describe_validation(exc)))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Its headers matter: a 405 names the allowed methods in `Allow`.
-        return error_response(exc.status_code, str(exc.detail), exc.headers)
+        return error_response(ErrorAnswer(exc.status_code, str(exc.detail)), exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("%s %s failed", request.method, request.url.path)
-        return _answer(error_answer(exc))
+        return error_response(error_answer(exc))

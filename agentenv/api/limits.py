@@ -104,6 +104,20 @@ HeaderValues = Annotated[
 ]
 
 
+def replaying(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that hands on a body already read, whole, then what `receive` brings."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
 class BodyLimit:
     """ASGI middleware: a request body over `max_bytes` gets 413 before it is parsed;
     bodies are read up to the limit and handed on whole (but those of `streamed` routes)."""
@@ -133,16 +147,7 @@ class BodyLimit:
                 return
             if not message.get("more_body", False):
                 break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(bytes(body), receive), send)
 
     async def _refuse(self, send: Send) -> None:
         answer = error_answer(TooLarge(f"request body over {self.max_bytes} bytes"))

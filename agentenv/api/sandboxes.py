@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
+from ipaddress import IPv4Address
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, Response
 
 from ..config import Config
-from ..errors import InvalidInput, error_answer
+from ..errors import InvalidInput, NotFound, Unavailable, error_answer
 from ..guest.agent import ENVD_VERSION
+from ..net.dns import is_dns_name
 from ..net.rules import egress_of
 from ..net.transforms import normalize_rules
 from ..runtime.machine.mounts import resolve_mounts
@@ -25,6 +27,7 @@ from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
 from .errors import ERROR_RESPONSES
 from .listing import CLIENT_ID, ListQuery, list_query, listed_fields, listed_page, running_listed
 from .models import (
+    MAX_METRICS_SANDBOXES,
     Balloon,
     BalloonBody,
     ConnectBody,
@@ -40,6 +43,7 @@ from .models import (
     ResumeBody,
     Sandbox,
     SandboxDetail,
+    SandboxesWithMetrics,
     SandboxMetric,
     SandboxNetwork,
     TimeoutBody,
@@ -70,11 +74,8 @@ def network_option(
 ) -> dict[str, Any]:
     """The `network` option as stored: what was given, checked, its rules' keys lower-cased."""
     given = network.model_dump(exclude_none=True) if network is not None else {}
-    if given.get("egressProxy"):
-        raise InvalidInput(
-            "network.egressProxy: a SOCKS5 egress proxy is not available on this server"
-        )
-    given.pop("egressProxy", None)
+    if "egressProxy" in given:
+        _check_proxy_address(given["egressProxy"]["address"])
     given.pop("allow_internet_access", None)  # an update's; stored as allow_internet
     if ENVD_PORT in given.get("httpsPorts", ()):
         raise InvalidInput(f"network.httpsPorts: the agent's port {ENVD_PORT} cannot be listed")
@@ -84,6 +85,20 @@ def network_option(
         given["rules"] = normalize_rules(given["rules"])
     egress_of(given, internet)
     return given
+
+
+def _check_proxy_address(address: str) -> None:
+    host, _, port = address.rpartition(":")
+    if not 0 < int(port) < 65536:
+        raise InvalidInput(f"network.egressProxy.address: {address!r}: ports are 1 to 65535")
+    if not is_dns_name(host.lower()):
+        try:
+            IPv4Address(host)
+        except ValueError:
+            raise InvalidInput(
+                f"network.egressProxy.address: {address!r}: the host must be a name or an"
+                " IPv4 address"
+            ) from None
 
 
 async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
@@ -166,6 +181,25 @@ def _with_host_memory(node: Node, listed: list[ListedSandbox]) -> list[ListedSan
         if item.sandboxID in latest:
             item.hostMemoryMB = latest[item.sandboxID].host.pss // MIB
     return listed
+
+
+@router.get("/sandboxes/metrics", response_model_exclude_none=True)
+async def many_sandboxes_metrics(node: NodeDep, sandbox_ids: str) -> SandboxesWithMetrics:
+    """A sample taken now of each listed sandbox running here (E2B's `sandbox_ids`, comma
+    separated, at most 100); others are left out."""
+    ids = list(dict.fromkeys(filter(None, (i.strip() for i in sandbox_ids.split(",")))))
+    if not 0 < len(ids) <= MAX_METRICS_SANDBOXES:
+        raise InvalidInput(f"sandbox_ids: 1 to {MAX_METRICS_SANDBOXES} sandbox ids")
+    found = {}
+    for sandbox_id in ids:
+        try:
+            sample = await node.manager.metrics(sandbox_id)
+        except (NotFound, Unavailable):
+            continue  # gone, or its guest did not answer: left out, as not running
+        if sample is not None:
+            host = await node.memory.host_footprint(sandbox_id)
+            found[sandbox_id] = _metric(sample, host.pss if host is not None else None)
+    return SandboxesWithMetrics(sandboxes=found)
 
 
 @router.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
@@ -291,21 +325,22 @@ async def sandbox_metrics(
         await manager.get(sandbox_id)  # 404 for an unknown sandbox, as with a fresh sample
     samples = manager.metrics_history.between(sandbox_id, start, end)
     host = await node.memory.host_footprint(sandbox_id) if samples else None
-    return [
-        SandboxMetric(
-            timestamp=datetime.fromtimestamp(int(s["ts"]), UTC),
-            timestampUnix=int(s["ts"]),
-            cpuCount=s["cpu_count"],
-            cpuUsedPct=s["cpu_used_pct"],
-            memUsed=s["mem_used"],
-            memTotal=s["mem_total"],
-            memCache=s.get("mem_cache", 0),
-            diskUsed=s["disk_used"],
-            diskTotal=s["disk_total"],
-            hostMemUsed=host.pss if host is not None else None,
-        )
-        for s in samples
-    ]
+    return [_metric(s, host.pss if host is not None else None) for s in samples]
+
+
+def _metric(sample: dict[str, Any], host_bytes: int | None) -> SandboxMetric:
+    return SandboxMetric(
+        timestamp=datetime.fromtimestamp(int(sample["ts"]), UTC),
+        timestampUnix=int(sample["ts"]),
+        cpuCount=sample["cpu_count"],
+        cpuUsedPct=sample["cpu_used_pct"],
+        memUsed=sample["mem_used"],
+        memTotal=sample["mem_total"],
+        memCache=sample.get("mem_cache", 0),
+        diskUsed=sample["disk_used"],
+        diskTotal=sample["disk_total"],
+        hostMemUsed=host_bytes,
+    )
 
 
 @router.get("/sandboxes/{sandbox_id}/balloon")

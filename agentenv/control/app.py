@@ -24,13 +24,14 @@ from starlette.background import BackgroundTask
 from ..api.auth import ApiKeyAuth, load_or_create_api_key
 from ..api.builds import UPLOADS
 from ..api.errors import error_response, install_error_handlers
+from ..api.idempotency import CONTROL, IdempotentOperations
 from ..api.limits import BodyLimit
 from ..api.listing import ListQuery, list_query, listed_page, running_listed
-from ..api.models import ListedSandbox, SandboxDetail
+from ..api.models import ListedSandbox, SandboxDetail, SandboxesWithMetrics
 from ..api.sandboxes import public_domain, sandbox_detail
 from ..api.volumes import CONTENT
 from ..config import Config
-from ..errors import NotFound
+from ..errors import ErrorAnswer, NotFound
 from ..observe.logs import RequestIds
 from ..observe.metrics import (
     CONTENT_TYPE,
@@ -44,6 +45,7 @@ from ..proxy.router import refuse, target_of
 from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
 from ..proxy.target import ROUTING_HEADERS, BadTarget
 from ..proxy.websocket import bridge_websocket
+from ..state.idempotency import SqlKeyStore
 from ..state.lifecycle import State
 from ..state.nodes import NodeEvent, NodeInfo, NodeState
 from ..state.sandboxes import open_engine
@@ -78,6 +80,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
         async with httpx.AsyncClient(trust_env=False, timeout=timeout) as client:
             plane = ControlPlane(cfg, engine, client)
             app.state.plane = plane
+            app.state.idempotency = SqlKeyStore(engine)
             watcher = asyncio.create_task(plane.watch())
             try:
                 yield
@@ -88,6 +91,9 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
                 await engine.dispose()
 
     app = FastAPI(title="AgentENV control plane", version="0.1.0", lifespan=lifespan)
+    # A client's key is honoured here too (then passed on to the node): a retry of a
+    # request whose relay is lost, or whose control replica died, finds its answer.
+    app.add_middleware(IdempotentOperations, role=CONTROL)
     app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes, streamed=(UPLOADS, CONTENT))
     install_error_handlers(app)
 
@@ -148,6 +154,13 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     async def list_sandboxes_v1(plane: Plane, metadata: str | None = None) -> list[ListedSandbox]:
         return running_listed(await plane.visible_sandboxes(), metadata)
 
+    @protected.get("/sandboxes/metrics", response_model_exclude_none=True)
+    async def many_sandboxes_metrics(
+        plane: Plane, request: Request, sandbox_ids: str
+    ) -> SandboxesWithMetrics:
+        """Asked of each node that runs some of them; merged."""
+        return await plane.metrics_of(sandbox_ids, _forwarded(request.headers.raw))
+
     @protected.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
     async def get_sandbox(plane: Plane, sandbox_id: str) -> SandboxDetail:
         return sandbox_detail(await plane.visible_sandbox(sandbox_id), public_domain(cfg))
@@ -206,7 +219,7 @@ async def _relay(plane: ControlPlane, request: Request, node: NodeInfo, kind: st
         upstream = await plane.client.send(upstream_request, stream=True)
     except httpx.HTTPError as exc:
         RELAYED.labels(kind, "502").inc()
-        return error_response(502, f"node {node.name} cannot be reached: {exc}")
+        return error_response(ErrorAnswer(502, f"node {node.name} cannot be reached: {exc}"))
     RELAYED.labels(kind, str(upstream.status_code)).inc()
     return StreamingResponse(
         upstream.aiter_raw(),
@@ -242,14 +255,16 @@ class ControlProxy:
         try:
             target = target_of(scope, self._domain)
         except BadTarget as exc:
-            await refuse(scope, send, 400, str(exc))
+            await refuse(scope, send, ErrorAnswer(400, str(exc)))
             return
         if target is None:
             await self.app(scope, receive, send)
             return
         node_url = await self._node_url(target.sandbox_id)
         if node_url is None:
-            await refuse(scope, send, 502, f"The sandbox {target.sandbox_id} was not found")
+            await refuse(
+                scope, send, ErrorAnswer(502, f"The sandbox {target.sandbox_id} was not found")
+            )
             return
         # The node's proxy routes the path form; its token checks still apply there.
         path = f"/proxy/{target.sandbox_id}/{target.port}{target.path}"

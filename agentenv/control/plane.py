@@ -8,17 +8,21 @@ object store (templates, snapshots), so several replicas can run behind one addr
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import secrets
 import time
+import uuid
 from collections.abc import Mapping
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ..api.idempotency import IDEMPOTENCY_KEY
+from ..api.models import MAX_METRICS_SANDBOXES, SandboxesWithMetrics, SandboxMetric
 from ..config import Config
-from ..errors import NotFound, Unavailable
+from ..errors import InvalidInput, NotFound, Unavailable
 from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
 from ..state.lifecycle import Event, allows
@@ -32,6 +36,10 @@ log = logging.getLogger(__name__)
 
 # Seconds between checks for silent nodes.
 WATCH_INTERVAL = 1.0
+# Times a create whose answer was lost is sent again (with its key) beyond one per node.
+RELAY_RETRIES = 2
+# Answers of a proxy between here and a node that lost the node's answer.
+_LOST_ON_THE_WAY = (502, 504)
 
 
 class ControlPlane:
@@ -86,6 +94,31 @@ class ControlPlane:
             return owner  # it finishes there (a draining node)
         return await self._move(record, headers)
 
+    async def metrics_of(
+        self, sandbox_ids: str, headers: Mapping[str, str]
+    ) -> SandboxesWithMetrics:
+        """`GET /sandboxes/metrics` of each node running some of `sandbox_ids`, merged."""
+        ids = [i.strip() for i in sandbox_ids.split(",") if i.strip()]
+        if not 0 < len(set(ids)) <= MAX_METRICS_SANDBOXES:
+            raise InvalidInput(f"sandbox_ids: 1 to {MAX_METRICS_SANDBOXES} sandbox ids")
+        owners = await self.sandboxes.owners(ids)
+        by_node: dict[str, list[str]] = {}
+        for sandbox_id, node_name in owners.items():
+            by_node.setdefault(node_name, []).append(sandbox_id)
+        found: dict[str, SandboxMetric] = {}
+        for node_name, held in by_node.items():
+            node = await self.nodes.get(node_name)
+            if node is None or not node.state.holds_sandboxes:
+                continue
+            answer = await self.client.get(
+                f"{node.url}/sandboxes/metrics",
+                params={"sandbox_ids": ",".join(held)},
+                headers=dict(headers),
+            )
+            if answer.status_code == 200:
+                found |= SandboxesWithMetrics.model_validate(answer.json()).sandboxes
+        return SandboxesWithMetrics(sandboxes=found)
+
     async def visible_sandboxes(self) -> list[SandboxRecord]:
         """Every node's sandboxes as their users see them: one being killed is gone."""
         return [r for r in await self.sandboxes.list_all() if r.state.visible]
@@ -133,23 +166,38 @@ class ControlPlane:
         raise Unavailable(f"sandbox '{record.sandbox_id}': no node could take it")
 
     async def create(self, path: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
-        """Send a create to the best node with room; the next one when a node refuses for
-        capacity (503). Its answer, whatever it is otherwise."""
+        """Send a create to the best node with room: the next one when a node refuses for
+        capacity (503) or cannot be reached; again later when its answer was lost on the
+        way. Every attempt carries one idempotency key (the client's, else one of its
+        own; nodes share their keys), so a create that reached a node never runs twice.
+        Its answer, whatever it is otherwise."""
         wanted = await self._wanted_for_create(body)
         nodes = candidates(
             await self.nodes.list(), wanted, time.time(), self.cfg.cluster.node_timeout
         )
         if not nodes:
             raise Unavailable("no node has room for a new sandbox")
+        headers = dict(headers)
+        if IDEMPOTENCY_KEY.lower() not in {name.lower() for name in headers}:
+            headers[IDEMPOTENCY_KEY] = str(uuid.uuid4())
         answer: httpx.Response | None = None
-        for node in nodes:
+        queue = collections.deque(nodes)
+        for _ in range(len(nodes) + RELAY_RETRIES):
+            if not queue:
+                break
+            node = queue.popleft()
             try:
-                answer = await self._call(node, "POST", path, headers, body)
+                attempt = await self._call(node, "POST", path, headers, body)
             except httpx.HTTPError as exc:
                 log.warning("create on node %s failed: %s", node.name, exc)
-                continue
-            if answer.status_code != 503:
-                return answer
+                lost = not isinstance(exc, httpx.ConnectError)
+            else:
+                lost = attempt.status_code in _LOST_ON_THE_WAY
+                if attempt.status_code != 503 and not lost:
+                    return attempt
+                answer = attempt
+            if lost:
+                queue.append(node)  # it may have the create: asked again, it answers that
         if answer is None:
             raise Unavailable("no node answered the create")
         return answer

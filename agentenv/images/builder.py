@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..config import Config
-from ..errors import AenvError, InvalidInput, Unavailable
+from ..errors import AenvError, InvalidInput, PermanentlyUnavailable
 from .buildfiles import BuildFiles
 from .builds import Build, BuildTracker
 from .catalog import TemplateCatalog
@@ -111,7 +111,7 @@ class TemplateBuilds:
         credentials: tuple[str, str] | None,
     ) -> None:
         if self.host is None:
-            raise Unavailable("template builds from steps need this server's sandboxes")
+            raise PermanentlyUnavailable("template builds from steps need this server's sandboxes")
         if image is not None:
             # The image is a template of its own (as `aenv pull` names it), the parent.
             name = default_name(parse_reference(image))

@@ -68,6 +68,9 @@ _WINDOW = 64 * BLOCK_SIZE  # diff read size: 4 MiB from each image at a time
 class ConversionError(AenvError):
     """A layer could not be converted; the message names the layer and the failing step."""
 
+    # Converting the same layer fails the same way again.
+    permanent = True
+
 
 def _run(what: str, argv: Sequence[str | os.PathLike[str]], **kw: object) -> str:
     return run(what, argv, error=ConversionError, **kw)

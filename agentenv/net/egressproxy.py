@@ -44,6 +44,8 @@ from .transforms import HeaderValues, LiteralValues
 
 # Where the proxy finds a connection's sandbox: its id and rules, by namespace address.
 SandboxAt = Callable[[str], tuple[str, EgressRules] | None]
+# Opens the TCP stream a guest's connection goes on over: straight, or through a tunnel.
+Dial = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,7 @@ class EgressProxy:
 
     async def start(self, host: str = "0.0.0.0") -> EgressPorts:
         ports = []
-        for port, sniff in ((80, self._http_name), (443, self._tls_name)):
+        for port, sniff in ((80, read_http_name), (443, read_tls_name)):
             server = await asyncio.start_server(
                 functools.partial(self._serve, port=port, sniff=sniff), host, 0
             )
@@ -131,23 +133,22 @@ class EgressProxy:
             self._open[peer] += 1
             counted = True
             head, name = await asyncio.wait_for(sniff(reader), STEP_TIMEOUT)
-            addresses = [] if name is None else await self._resolve(name)
+            addresses = [] if name is None else await self.resolve(name)
             reachable = [a for a in addresses if name is not None and rules.allows(name, a)]
             if name is None or not reachable:
                 log.info("egress from %s to %r on port %d refused", peer, name, port)
                 return
             transform = rules.transforms.headers_for(name) if port == 443 else None
             if transform is not None:
-                await self._intercept(
-                    sandbox_id, name, head, (reader, writer), reachable[0], transform
-                )
+                dial = functools.partial(asyncio.open_connection, str(reachable[0]), port)
+                await self.intercept(sandbox_id, name, head, (reader, writer), dial, transform)
                 return
             connection = await asyncio.wait_for(
                 asyncio.open_connection(str(reachable[0]), port), STEP_TIMEOUT
             )
             up_reader, upstream = connection
             upstream.write(head)
-            await asyncio.gather(_pipe(reader, upstream), _pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, upstream), pipe(up_reader, writer))
         except (OSError, TimeoutError, dns.exception.DNSException, ssl.SSLError) as exc:
             log.info("egress connection ended: %s", exc)
         finally:
@@ -157,32 +158,38 @@ class EgressProxy:
                 if stream is not None:
                     stream.close()
 
-    async def _intercept(
+    async def intercept(
         self,
         sandbox_id: str,
         name: str,
         hello: bytes,
         guest: tuple[asyncio.StreamReader, asyncio.StreamWriter],
-        address: IPv4Address,
+        dial: Dial,
         transform: tuple[tuple[str, str], ...],
     ) -> None:
-        """Answer the guest's TLS as `name`, and relay its requests to the real server over
-        verified TLS with `transform`'s headers set."""
+        """Answer the guest's TLS as `name`, and relay its requests over verified TLS to
+        the real server (a TCP stream `dial` opens) with `transform`'s headers set."""
+
+        async def upstream_tls() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            reader, writer = await dial()
+            try:
+                await writer.start_tls(self._upstream_tls, server_hostname=name)
+            except BaseException:
+                writer.close()
+                raise
+            return reader, writer
+
         # Both handshakes at once: the server's is not waited for after the guest's.
-        upstream = asyncio.ensure_future(
-            asyncio.wait_for(
-                asyncio.open_connection(
-                    str(address), 443, ssl=self._upstream_tls, server_hostname=name
-                ),
-                STEP_TIMEOUT,
-            )
-        )
+        upstream = asyncio.ensure_future(asyncio.wait_for(upstream_tls(), STEP_TIMEOUT))
         session = TlsServerSession(*guest, self._authority.server_context(name), hello)
         try:
             await asyncio.wait_for(session.handshake(), STEP_TIMEOUT)
             up_reader, up_writer = await upstream
         except BaseException:
             upstream.cancel()
+            done = await asyncio.gather(upstream, return_exceptions=True)
+            if isinstance(done[0], tuple):
+                done[0][1].close()
             await session.close()
             raise
 
@@ -203,22 +210,14 @@ class EgressProxy:
         if not self._open[peer]:
             del self._open[peer]
 
-    async def _http_name(self, reader: asyncio.StreamReader) -> tuple[bytes, str | None]:
-        head = await read_http_head(reader)
-        return head, http_host(head)
-
-    async def _tls_name(self, reader: asyncio.StreamReader) -> tuple[bytes, str | None]:
-        hello = await read_client_hello(reader)
-        return hello, tls_server_name(hello)
-
-    async def _resolve(self, name: str) -> list[IPv4Address]:
+    async def resolve(self, name: str) -> list[IPv4Address]:
         """`name`'s IPv4 addresses, from the guests' resolver, that guests may reach."""
         with contextlib.suppress(dns.resolver.NoAnswer, dns.resolver.NXDOMAIN):
             answer = await self._resolver.resolve(name, "A")
-            return [IPv4Address(a.address) for a in answer if self._reachable(a.address)]
+            return [IPv4Address(a.address) for a in answer if self.reachable(a.address)]
         return []
 
-    def _reachable(self, address: str) -> bool:
+    def reachable(self, address: str) -> bool:
         ip = IPv4Address(address)
         if ip in self._host_subnet:
             return False
@@ -253,7 +252,19 @@ def _resolver(policy: EgressPolicy) -> dns.asyncresolver.Resolver:
     return resolver
 
 
-async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+async def read_http_name(reader: asyncio.StreamReader) -> tuple[bytes, str | None]:
+    """The request head read, and the name its Host header asks for."""
+    head = await read_http_head(reader)
+    return head, http_host(head)
+
+
+async def read_tls_name(reader: asyncio.StreamReader) -> tuple[bytes, str | None]:
+    """The ClientHello read, and the name it asks for (SNI)."""
+    hello = await read_client_hello(reader)
+    return hello, tls_server_name(hello)
+
+
+async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
     """Copy until EOF, then half-close `sink` so the other direction can finish."""
     while chunk := await source.read(_CHUNK):
         sink.write(chunk)

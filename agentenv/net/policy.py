@@ -57,6 +57,9 @@ NFS_PORTS = f"{NFS_PORT},{MOUNT_PORT}"
 
 # The node's policy for what a guest's own rules let through.
 _NODE = "NODE-POLICY"
+# Where a sandbox tunnelling its egress (`net/tunnels.py`) has the node's listener, inside
+# its namespace, at its gateway.
+TUNNEL_PORT = 1080
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,19 @@ def namespace_rules(
                 f"-A FORWARD {from_guest} -m conntrack --ctstate DNAT"
                 f" --ctorigdst {plan.guest_gateway} -j ACCEPT"
             )
-        if (rules.domains or rules.transforms) and egress.proxy is not None:
+        if rules.upstream is not None:
+            # All of its TCP to the node's listener in its namespace, which knows each
+            # connection's destination.
+            nat.append(
+                f"-A PREROUTING {from_guest} -p tcp"
+                f" -j DNAT --to-destination {plan.guest_gateway}:{TUNNEL_PORT}"
+            )
+            forward.insert(
+                0,
+                f"-A INPUT {from_guest} -p tcp -d {plan.guest_gateway} --dport {TUNNEL_PORT}"
+                " -m conntrack --ctstate DNAT -j ACCEPT",
+            )
+        elif (rules.domains or rules.transforms) and egress.proxy is not None:
             nat += _to_egress_proxy(plan, rules, egress.proxy)
             ports = f"{egress.proxy.http},{egress.proxy.tls}"
             forward.append(

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import InvalidInput
 from .dns import is_dns_name
+from .socks import SocksUpstream
 from .transforms import HeaderRules, header_rules, normalize_rules
 
 ALL_TRAFFIC = "0.0.0.0/0"
@@ -40,6 +41,8 @@ class EgressRules:
     dns_servers: tuple[IPv4Address, ...] = DEFAULT_DNS_SERVERS
     # Headers set on HTTPS requests to matching hosts (`net/transforms.py`).
     transforms: HeaderRules = field(default_factory=HeaderRules)
+    # The SOCKS5 server all allowed TCP goes through (`net/tunnels.py`); None: straight.
+    upstream: SocksUpstream | None = None
 
     @property
     def unrestricted(self) -> bool:
@@ -68,6 +71,7 @@ def parse_egress(
     internet: bool = True,
     dns_servers: list[str] | None = None,
     rules: dict[str, list[dict[str, Any]]] | None = None,
+    egress_proxy: dict[str, Any] | None = None,
 ) -> EgressRules:
     """Rules from E2B's settings; InvalidInput names the first bad entry."""
     domains = tuple(_domain(e) for e in allow_out if _looks_like_domain(e))
@@ -86,6 +90,7 @@ def parse_egress(
         domains,
         DEFAULT_DNS_SERVERS if dns_servers is None else _addresses("dnsServers", dns_servers),
         header_rules(normalize_rules(rules or {})),
+        SocksUpstream.of(egress_proxy) if egress_proxy else None,
     )
 
 
@@ -97,6 +102,7 @@ def egress_of(network: dict[str, Any], internet: bool) -> EgressRules:
         internet,
         network.get("dnsServers"),
         network.get("rules"),
+        network.get("egressProxy"),
     )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from yarl import URL
 
-from ..errors import DependencyFailed, error_answer
+from ..errors import DependencyFailed, ErrorAnswer, error_answer
 from ..runtime.sandboxes.routes import Route
 from ..wire import (
     ACCESS_TOKEN_HEADER,
@@ -71,7 +71,7 @@ class SandboxProxy:
         try:
             target = target_of(scope, self._domain)
         except BadTarget as exc:
-            await refuse(scope, send, 400, str(exc))
+            await refuse(scope, send, ErrorAnswer(400, str(exc)))
             return
         if target is None and scope["type"] == "http":
             target = signer_target(scope["method"], request_target(scope) or "", self._routes)
@@ -84,11 +84,12 @@ class SandboxProxy:
                 route = await self._wake(target.sandbox_id)
             except DependencyFailed as exc:
                 # The VMM (or another host part) failed to wake it: a 503 naming the part.
-                answer = error_answer(exc)
-                await refuse(scope, send, answer.status, answer.message)
+                await refuse(scope, send, error_answer(exc))
                 return
         if route is None:
-            await refuse(scope, send, 502, f"The sandbox {target.sandbox_id} was not found")
+            await refuse(
+                scope, send, ErrorAnswer(502, f"The sandbox {target.sandbox_id} was not found")
+            )
             return
         if (
             route.access_token
@@ -96,7 +97,9 @@ class SandboxProxy:
             and not _token_ok(scope, target, headers, route.access_token)
         ):
             await refuse(
-                scope, send, 401, f"missing or invalid {ACCESS_TOKEN_HEADER} for this sandbox"
+                scope,
+                send,
+                ErrorAnswer(401, f"missing or invalid {ACCESS_TOKEN_HEADER} for this sandbox"),
             )
             return
         if (
@@ -107,7 +110,9 @@ class SandboxProxy:
             )
         ):
             # The sandbox's own ports are private: E2B's `allowPublicTraffic: false`.
-            await refuse(scope, send, 403, f"missing or invalid {TRAFFIC_TOKEN_HEADER.lower()}")
+            await refuse(
+                scope, send, ErrorAnswer(403, f"missing or invalid {TRAFFIC_TOKEN_HEADER.lower()}")
+            )
             return
         if scope["type"] == "websocket":
             hostport = f"{route.host}:{target.port}"
@@ -157,12 +162,12 @@ class SandboxProxy:
         return send_and_close
 
 
-async def refuse(scope: Scope, send: Send, status: int, message: str) -> None:
+async def refuse(scope: Scope, send: Send, answer: ErrorAnswer) -> None:
     if scope["type"] == "websocket":
         # Closing before accepting makes the server answer the upgrade with 403.
-        await send({"type": "websocket.close", "code": 1008, "reason": message[:120]})
+        await send({"type": "websocket.close", "code": 1008, "reason": answer.message[:120]})
     else:
-        await send_error(send, status, message)
+        await send_error(send, answer)
 
 
 def target_of(scope: Scope, domain: str) -> Target | None:

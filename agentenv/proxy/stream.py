@@ -26,9 +26,9 @@ HOP_BY_HOP = frozenset({
 })  # fmt: skip
 
 
-async def send_error(send: Send, status: int, message: str) -> None:
-    """An error as the API gives them: JSON `{"code", "message"}`."""
-    for event in ErrorAnswer(status, message).asgi_messages():
+async def send_error(send: Send, answer: ErrorAnswer) -> None:
+    """An error as the API gives them: JSON `{"code", "message"}` and its retry advice."""
+    for event in answer.asgi_messages():
         await send(event)
 
 
@@ -72,7 +72,7 @@ async def stream_through(
     try:
         upstream = await client.send(request, stream=True)
     except httpx.HTTPError as exc:
-        await send_error(send, 502, unreachable(exc))
+        await send_error(send, ErrorAnswer(502, unreachable(exc)))
         return
     # The request body is sent by now. A client that goes away mid-stream (an aborted
     # WatchDir or command stream) must end the upstream stream too: the server's `send`

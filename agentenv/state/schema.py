@@ -75,3 +75,21 @@ volumes = sa.Table(
     # Its NFS export's id (1 to 65535), kept for its life: guests' file handles carry it.
     sa.Column("export_id", sa.Integer, nullable=False, unique=True),
 )
+
+# Idempotency keys (`idempotency.py`): who runs a keyed operation, and then its answer.
+idempotency_keys = sa.Table(
+    "idempotency_keys",
+    metadata,
+    # Whose key: the answering role and a digest of the API key it came with.
+    sa.Column("scope", sa.Text, primary_key=True),
+    sa.Column("key", sa.Text, primary_key=True),
+    # A digest of the request (method, path, body): the key answers that request alone.
+    sa.Column("request", sa.Text, nullable=False),
+    # The run holding it, until when (seconds since the epoch): renewed while it runs.
+    sa.Column("owner", sa.Text, nullable=False),
+    sa.Column("lease_until", sa.Float, nullable=False),
+    # Its answer, once it has one worth keeping.
+    sa.Column("status", sa.Integer),
+    sa.Column("body", sa.LargeBinary),
+    sa.Column("created_at", sa.Float, nullable=False, index=True),
+)

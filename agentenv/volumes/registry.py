@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..errors import Conflict, InvalidInput, NotFound, Unavailable
+from ..errors import Conflict, InvalidInput, NotFound, PermanentlyUnavailable, Unavailable
 from ..state.schema import volumes
 
 # E2B's pattern for a volume's name, with a length bound of ours.
@@ -55,7 +55,9 @@ class VolumeRegistry:
                     )
                     export_id = next((i for i in _EXPORT_IDS if i not in taken), None)
                     if export_id is None:
-                        raise Unavailable(f"at most {len(_EXPORT_IDS)} volumes can exist")
+                        raise PermanentlyUnavailable(
+                            f"at most {len(_EXPORT_IDS)} volumes can exist"
+                        )
                     record = VolumeRecord(
                         str(uuid.uuid4()), name, secrets.token_urlsafe(32), time.time(), export_id
                     )

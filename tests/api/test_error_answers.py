@@ -83,6 +83,8 @@ async def test_a_vmm_that_fails_to_start_is_a_503_naming_the_cause(h: Harness) -
         "code": 503,
         "message": "the VMM failed: qemu exited with 1: could not open /dev/kvm",
     }
+    # A host part down for now: the SDKs wait and try again.
+    assert (answer.headers["retry-after"], answer.headers["should-retry"]) == ("1", "true")
     # The create was undone as any failed create is.
     assert await h.manager.store.list() == [] and not h.driver.alive and not h.networks
 
@@ -133,6 +135,8 @@ async def test_a_bug_is_still_a_500() -> None:
         500,
         {"code": 500, "message": "internal error: 'slot'"},
     )
+    # A bug answers the same again: the SDKs stop at once.
+    assert answer.headers["should-retry"] == "false"
 
 
 async def test_the_data_plane_answers_a_failed_wake_as_the_api_does() -> None:
@@ -149,3 +153,4 @@ async def test_the_data_plane_answers_a_failed_wake_as_the_api_does() -> None:
         "code": 503,
         "message": "the VMM failed: i1: QMP did not answer within 10s",
     }
+    assert answer.headers["should-retry"] == "true"

@@ -11,7 +11,8 @@ import pytest
 
 from agentenv.config import Config
 from agentenv.control.plane import ControlPlane
-from agentenv.errors import NotFound
+from agentenv.errors import NotFound, Unavailable
+from agentenv.state.idempotency import KEY_SHAPE
 from agentenv.state.lifecycle import State
 from agentenv.state.nodes import NodeCapacity, NodeEvent
 from agentenv.state.sandboxes import SandboxRecord, SqlSandboxStore, open_engine
@@ -84,6 +85,52 @@ async def test_a_sandbox_being_killed_is_gone_for_users(tmp_path: Path, state_ur
         assert (await plane.visible_sandbox("alive")).sandbox_id == "alive"
         with pytest.raises(NotFound):
             await plane.visible_sandbox("dying")
+    await engine.dispose()
+
+
+async def test_a_create_whose_answer_was_lost_is_asked_again_with_its_key(
+    tmp_path: Path, state_url: str
+) -> None:
+    """The node got the create but its answer never came back (a dropped connection, a
+    proxy's 502): the retry carries the same key, so the node answers the first create."""
+    cfg = Config()
+    cfg.paths.home = str(tmp_path)
+    sent: list[tuple[str, str]] = []
+    failures = [httpx.RemoteProtocolError("Server disconnected"), httpx.Response(502)]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append((request.url.host, request.headers["idempotency-key"]))
+        if request.url.host == "down":
+            raise httpx.ConnectError("refused", request=request)
+        if failures:
+            failure = failures.pop(0)
+            if isinstance(failure, Exception):
+                raise failure
+            return failure
+        return httpx.Response(201, json={"sandboxID": "i1"})
+
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        plane = ControlPlane(cfg, engine, client)
+        await plane.nodes.register("n1", "http://n1", NodeCapacity(memory_mb=4096))
+        created = await plane.create("/v2/sandboxes", b'{"templateID": "base"}', {})
+        assert created.status_code == 201
+        # Its own key when the client gave none: one for every attempt.
+        (key,) = {key for _, key in sent}
+        assert [host for host, _ in sent] == ["n1"] * 3 and KEY_SHAPE.fullmatch(key)
+        # The client's key is passed on as it is, to every node tried.
+        sent.clear()
+        await plane.nodes.register(
+            "down", "http://down", NodeCapacity(memory_mb=8192, committed_memory_mb=0)
+        )
+        await plane.create("/v2/sandboxes", b"{}", {"idempotency-key": "mine"})
+        assert sent == [("down", "mine"), ("n1", "mine")]
+        # A node that keeps losing answers is asked a bounded number of times.
+        sent.clear()
+        failures.extend([httpx.ReadError("reset")] * 5)
+        with pytest.raises(Unavailable, match="no node answered"):
+            await plane.create("/v2/sandboxes", b"{}", {})
+        assert [host for host, _ in sent] == ["down", "n1", "n1", "n1"]
     await engine.dispose()
 
 

@@ -7,13 +7,25 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 from e2b import Sandbox
 
 from ..live import TEST_KEY, LiveServer
-from ..netlab import Lab, echo_server, lab, peer, random_slash30, serving, site_certificates
+from ..netlab import (
+    SOCKS_PORT,
+    Lab,
+    echo_server,
+    lab,
+    peer,
+    random_slash30,
+    serving,
+    sh,
+    site_certificates,
+    socks_server,
+)
 
 pytestmark = [pytest.mark.vm]
 
@@ -82,3 +94,51 @@ def test_header_rules_apply_to_https_and_change_live(
         assert "exit=0" not in done.stdout
     finally:
         sandbox.kill()
+
+
+def test_egress_through_a_socks5_proxy_across_a_pause(
+    lab_server: tuple[LiveServer, Lab, Path], tmp_path: Path
+) -> None:
+    """All allowed TCP goes through the user's SOCKS5 server (by name for an allowed
+    domain); the tunnel is back after a pause; an update without the proxy goes straight."""
+    _, around, _ = lab_server
+    web = around.internet
+    with ExitStack() as stack:
+        stack.enter_context(serving("web", netns=web.netns, port=80))
+        socks = stack.enter_context(peer(random_slash30("198.51.100.0/24")))
+        sh("ip", "-n", socks.netns, "route", "add", f"{web.ip}/32", "via", socks.host_ip)
+        sh("ip", "-n", web.netns, "route", "add", f"{socks.ip}/32", "via", web.host_ip)
+        log = tmp_path / "socks.log"
+        # Names resolve in the proxy's namespace to the web host, as the lab's DNS does.
+        stack.enter_context(socks_server(socks, "", log, hosts={"api.site.test": web.ip}))
+        network = {
+            "allow_out": [web.ip, "api.site.test"],
+            "deny_out": ["0.0.0.0/0"],
+            "egress_proxy": {
+                "address": f"{socks.ip}:{SOCKS_PORT}", "username": "agent", "password": "s3cret"
+            },
+        }  # fmt: skip
+        sandbox = Sandbox.create(network=network)
+        try:
+
+            def curl(url: str) -> str:
+                done = sandbox.commands.run(f"curl -sS -m 10 {url}; echo ' exit='$?", timeout=60)
+                return done.stdout.strip()
+
+            assert curl(f"http://{web.ip}/") == "web exit=0"
+            assert curl("http://api.site.test/") == "web exit=0"
+            assert f"connected to {web.ip}:80" in log.read_text()
+            assert "connected to api.site.test:80" in log.read_text()
+            info = sandbox.get_info().network or {}
+            assert "password" not in str(info) and "s3cret" not in str(info)
+            sandbox.pause()
+            sandbox.connect()
+            before = log.read_text().count("connected to")
+            assert curl(f"http://{web.ip}/") == "web exit=0"
+            assert log.read_text().count("connected to") == before + 1
+            # Without the proxy: straight out, the proxy not asked.
+            sandbox.update_network({"allow_out": [web.ip], "deny_out": ["0.0.0.0/0"]})
+            assert curl(f"http://{web.ip}/") == "web exit=0"
+            assert log.read_text().count("connected to") == before + 1
+        finally:
+            sandbox.kill()

@@ -10,8 +10,15 @@ import pytest
 from agentenv.config import ConfigError, NetConfig
 from agentenv.net import policy
 from agentenv.net.plan import plan_network
-from agentenv.net.policy import BLOCKED_RANGES, EgressPolicy, egress_policy, host_chains
+from agentenv.net.policy import (
+    BLOCKED_RANGES,
+    EgressPolicy,
+    EgressPorts,
+    egress_policy,
+    host_chains,
+)
 from agentenv.net.rules import EgressRules
+from agentenv.net.socks import SocksUpstream
 
 PLAN = plan_network(
     3,
@@ -287,3 +294,23 @@ def test_the_nfs_server_answers_sandboxes_only() -> None:
     # After a sandbox's own traffic is accepted, anything else towards it is dropped.
     accept = forward.index(("-i", "aenvp+", "-j", "ACCEPT"))
     assert forward[accept + 1] == ("-o", "nfsaenvp", "-j", "DROP")
+
+
+def test_a_tunnelled_sandbox_sends_all_its_tcp_to_its_listener() -> None:
+    upstream = SocksUpstream("proxy.example.test", 1080)
+    rules = EgressRules(deny=(IPv4Network("0.0.0.0/0"),), domains=("site.test",), upstream=upstream)
+    text = policy.namespace_rules(
+        PLAN, rules, EgressPolicy(dns_server=IPv4Address("10.0.0.2"), proxy=EgressPorts(81, 444))
+    )
+    nat = [line for line in text.splitlines() if line.startswith("-A PREROUTING -i tap0")]
+    # DNS first, then every TCP connection to the listener; the node's proxy is not used.
+    assert nat[-1] == "-A PREROUTING -i tap0 -p tcp -j DNAT --to-destination 169.254.0.22:1080"
+    assert any("--dport 53" in line for line in nat[:-1])
+    assert not any(":81" in line or ":444" in line for line in nat)
+    inputs = [line for line in text.splitlines() if line.startswith("-A INPUT")]
+    assert inputs == [
+        "-A INPUT -i tap0 -p tcp -d 169.254.0.22 --dport 1080 -m conntrack --ctstate DNAT"
+        " -j ACCEPT",
+        f"-A INPUT -i tap0 {REJECT}",
+    ]
+    assert_restorable(text)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...config import SandboxConfig
-from ...errors import Unavailable
+from ...errors import PermanentlyUnavailable, Unavailable
 from ...state.sandboxes import SandboxRecord
 
 
@@ -88,7 +88,7 @@ def admit(
 ) -> None:
     """Raise `Unavailable` (HTTP 503) naming the resource when `demand` does not fit."""
     if demand.vcpus > capacity.max_vcpus:
-        raise Unavailable(
+        raise PermanentlyUnavailable(
             f"a sandbox may have at most {capacity.max_vcpus} vCPUs here, {demand.vcpus} asked"
         )
     committed = list(committed)

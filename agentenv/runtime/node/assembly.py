@@ -15,7 +15,7 @@ from ipaddress import IPv4Address
 from pathlib import Path
 
 from ...config import Config
-from ...errors import NotFound, Unavailable
+from ...errors import NotFound, PermanentlyUnavailable
 from ...guest.kit import load_kit
 from ...images.builder import TemplateBuilds
 from ...images.buildfiles import BuildFiles
@@ -29,6 +29,7 @@ from ...net.authority import EgressAuthority
 from ...net.egressproxy import EgressProxy, upstream_context
 from ...net.netns import ensure_host_forwarding
 from ...net.transforms import LiteralValues
+from ...net.tunnels import EgressTunnels
 from ...observe.metrics import CACHE, CAPACITY_MB, DISK_MB, SANDBOXES, set_counts
 from ...state.lifecycle import State
 from ...state.nodes import NodeRegistry
@@ -118,7 +119,9 @@ class Node:
     ) -> Node:
         kit = load_kit(cfg)
         if kit is None:
-            raise Unavailable("the guest kit is not built: run `aenv kit build` (or `make run`)")
+            raise PermanentlyUnavailable(
+                "the guest kit is not built: run `aenv kit build` (or `make run`)"
+            )
         accel = await asyncio.to_thread(
             choose_accel,
             cfg.vmm.accel,
@@ -178,6 +181,11 @@ class Node:
         )
         proxy_ports = await egress_proxy.start()
         stack.push_async_callback(egress_proxy.close)
+        networks.tunnels = EgressTunnels(
+            lambda sandbox_id: route.egress if (route := manager.routes.get(sandbox_id)) else None,
+            egress_proxy,
+        )
+        stack.push_async_callback(networks.tunnels.close_all)
         # Before any namespace's rules are written: they send guests to these ports.
         networks.egress = dataclasses.replace(networks.egress, proxy=proxy_ports)
         await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix, proxy_ports)

@@ -14,7 +14,7 @@ import httpx
 
 from ...config import Config
 from ...crashpoints import crash_point
-from ...errors import Unavailable
+from ...errors import PermanentlyUnavailable, Unavailable
 from ...guest.client import AgentClient
 from ...guest.kit import Kit, guest_args, load_kit
 from ...guest.rpc import ConnectError
@@ -156,7 +156,9 @@ class SandboxMachines:
     def kit_version(self, version: str) -> Kit:
         kit = self.kit if version == self.kit.version else load_kit(self.cfg, version)
         if kit is None:
-            raise Unavailable(f"kit {version}, which this guest's memory was saved with, is gone")
+            raise PermanentlyUnavailable(
+                f"kit {version}, which this guest's memory was saved with, is gone"
+            )
         return kit
 
     async def flush_guest(self, record: SandboxRecord) -> None:

@@ -23,7 +23,7 @@ import httpx
 
 from ...config import Config
 from ...crashpoints import crash_point
-from ...errors import NotFound, Unavailable
+from ...errors import NotFound, PermanentlyUnavailable, Unavailable
 from ...guest.kit import Kit
 from ...images.catalog import TemplateCatalog
 from ...net.netns import destroy_network
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class GuestLost(Unavailable):
+class GuestLost(PermanentlyUnavailable):
     """A resumed guest ran but failed; its saved state no longer matches its memory."""
 
 
@@ -89,6 +89,7 @@ class SandboxManager:
             self.adopt(record)
         else:
             self.routes.drop(record.sandbox_id)
+            await self.networks.stop_tunnel(record)
 
     async def operate(
         self,

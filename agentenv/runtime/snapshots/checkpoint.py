@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from ...crashpoints import crash_point
-from ...errors import Conflict, GuestUnresponsiveAtPause, Unavailable
+from ...errors import Conflict, GuestUnresponsiveAtPause, PermanentlyUnavailable, Unavailable
 from ...guest.kit import Kit
 from ...state.sandboxes import FILESYSTEM, SandboxRecord
 from ...vmm import guestram
@@ -74,7 +74,7 @@ async def copy_paused(
             "snapshot it filesystem-only"
         )
     if not manager.machines.local_state_intact(source):
-        raise Unavailable(
+        raise PermanentlyUnavailable(
             f"sandbox '{source.sandbox_id}': its files are not on this node; resume it first"
         )
     workdir = manager.machines.workdir(source.sandbox_id)

@@ -14,7 +14,13 @@ from functools import partial
 import httpx
 
 from ...crashpoints import crash_point
-from ...errors import AenvError, GuestUnresponsiveAtPause, NotFound, Unavailable
+from ...errors import (
+    AenvError,
+    GuestUnresponsiveAtPause,
+    NotFound,
+    PermanentlyUnavailable,
+    Unavailable,
+)
 from ...state.lifecycle import Event, allows
 from ...state.sandboxes import FILESYSTEM, FULL, SandboxRecord
 from ...storage.objectstore import ObjectStore, ObjectStoreError
@@ -185,7 +191,7 @@ class SandboxPauses:
                 )
             )
         except NotFound as exc:
-            raise Unavailable(f"sandbox {record.sandbox_id}: {exc}") from exc
+            raise PermanentlyUnavailable(f"sandbox {record.sandbox_id}: {exc}") from exc
         except (ObjectStoreError, OSError, VmmError) as exc:
             raise Unavailable(
                 f"sandbox {record.sandbox_id}: fetching its files failed: {exc}"
