@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives import hashes, serialization
@@ -51,6 +51,8 @@ CHECK_INTERVAL = 60.0
 # Verifiers may cache the JWKS this long at most, and never past half the pending period.
 _MAX_CACHE_SECONDS = 300
 _TRUST_DOMAIN = re.compile(r"^[a-z0-9._-]+$")
+
+KeyState = Literal["pending", "signing", "retiring"]
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,7 @@ def published(keys: list[SigningKeyRecord], now: float, ttl: int) -> list[Signin
     return kept
 
 
-def key_state(keys: list[SigningKeyRecord], key: SigningKeyRecord, now: float) -> str:
+def key_state(keys: list[SigningKeyRecord], key: SigningKeyRecord, now: float) -> KeyState:
     """pending, signing or retiring."""
     if now < key.active_at:
         return "pending"
@@ -232,7 +234,7 @@ class WorkloadIdentity(PublicKeys):
             private = self._private[key.kid] = loaded
         return private
 
-    async def keys(self) -> list[tuple[SigningKeyRecord, str]]:
+    async def keys(self) -> list[tuple[SigningKeyRecord, KeyState]]:
         """Every published key with its state (pending, signing, retiring)."""
         keys = await self.store.list()
         now = self.clock()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 
 from cryptography.exceptions import InvalidTag
@@ -23,6 +24,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from ..config import Config, ConfigError
 from ..errors import DependencyFailed
 from ..state.credentials import Sealed
+
+log = logging.getLogger(__name__)
 
 # A configured key shorter than this is refused: it would be guessable offline.
 MIN_KEY_CHARS = 32
@@ -72,10 +75,15 @@ class Sealer:
             raise SealError(f"the value of {context} does not open: altered or misplaced") from None
 
     def reseal(self, sealed: Sealed, context: str) -> Sealed | None:
-        """`sealed` under the current key; None when it already is."""
+        """`sealed` under the current key; None when it already is, or when it does not
+        open (logged: the server runs on, and only that value is unusable)."""
         if sealed.key_id == self.key_id:
             return None
-        return self.seal(self.open(sealed, context), context)
+        try:
+            return self.seal(self.open(sealed, context), context)
+        except SealError as exc:
+            log.error("%s: %s", context, exc)
+            return None
 
 
 def server_sealer(cfg: Config, api_key: str) -> Sealer:

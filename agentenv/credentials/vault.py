@@ -8,12 +8,12 @@ the moment, so an update reaches it at once and a deletion stops it.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 from ..errors import InvalidInput, NotFound
+from ..net.placeholders import usable_name
 from ..state.credentials import SecretRecord, SecretStore
 from .sealing import Sealer
 
@@ -26,9 +26,6 @@ MAX_METADATA_ENTRIES = 32
 MAX_METADATA_KEY_BYTES = 128
 MAX_METADATA_VALUE_BYTES = 1024
 MAX_METADATA_BYTES = 8192
-# As the SDK refuses: a brace ends or opens a placeholder, a control character cannot go
-# into a header.
-_NOT_IN_NAMES = re.compile(r"[{}\x00-\x1f\x7f-\x9f]")
 
 
 def _now() -> datetime:
@@ -42,7 +39,7 @@ def canonical_name(name: str) -> str:
         raise InvalidInput("secret name: must not be empty")
     if len(canonical) > MAX_NAME_CHARS:
         raise InvalidInput(f"secret name: at most {MAX_NAME_CHARS} characters")
-    if _NOT_IN_NAMES.search(canonical):
+    if not usable_name(canonical):
         raise InvalidInput("secret name: '{', '}' and control characters are not allowed")
     if canonical.startswith(ID_PREFIX):
         raise InvalidInput(f"secret name: the prefix '{ID_PREFIX}' is reserved for secret ids")

@@ -18,6 +18,9 @@ from ..errors import Forbidden
 SECRET = "secrets"
 TOKEN = "identity.tokens"
 _PLACEHOLDER = re.compile(r"\$\{e2b\.(secrets|identity\.tokens)\.([^}]*)\}")
+# What a name in a placeholder cannot hold, as the SDK refuses: a brace would end or open
+# the placeholder early, a control character cannot go into a header.
+_NOT_IN_NAMES = re.compile(r"[{}\x00-\x1f\x7f-\x9f]")
 
 
 class UnresolvedPlaceholder(Forbidden):
@@ -45,6 +48,11 @@ async def substitute(value: str, resolve: Callable[[str, str], Awaitable[str]]) 
         return value
     resolved = {key: await resolve(*key) for key in sorted(wanted)}
     return _PLACEHOLDER.sub(lambda m: resolved[(m.group(1), m.group(2))], value)
+
+
+def usable_name(name: str) -> bool:
+    """Whether a secret or token of this name can be named by a placeholder."""
+    return bool(name) and not _NOT_IN_NAMES.search(name)
 
 
 def placeholder(kind: str, name: str) -> str:

@@ -56,3 +56,9 @@ def test_the_key_comes_from_the_config_else_the_api_key() -> None:
     cfg.server.secrets_key = "short"
     with pytest.raises(ConfigError, match="at least 32 characters"):
         server_sealer(cfg, API_KEY)
+
+
+def test_a_value_no_key_opens_is_left_as_it_is(caplog: pytest.LogCaptureFixture) -> None:
+    lost = Sealer(derive_key(API_KEY)).seal(b"v", "secret sec_1")
+    assert Sealer(derive_key(CONFIGURED)).reseal(lost, "secret sec_1") is None
+    assert "secret sec_1: sealed with key" in caplog.text

@@ -15,6 +15,9 @@ from ipaddress import IPv4Address
 from pathlib import Path
 
 from ...config import Config
+from ...credentials.identity import IdentitySettings
+from ...credentials.placeholders import Credentials
+from ...credentials.sealing import Sealer
 from ...errors import NotFound, Unavailable
 from ...guest.kit import load_kit
 from ...images.builder import TemplateBuilds
@@ -78,6 +81,7 @@ class Node:
         stack: contextlib.AsyncExitStack,
         nodes: NodeRegistry,
         volumes: Volumes,
+        credentials: Credentials,
         warm_pool: WarmPool | None = None,
     ) -> None:
         self.cfg = cfg
@@ -94,23 +98,30 @@ class Node:
         self.puller = puller
         self.builds = builds
         self.volumes = volumes
+        # Secrets, workload identity, and the egress proxy's `HeaderValues` (`resolve`).
+        self.credentials = credentials
         self.memory = MemoryKeeper(manager, self.pauses.pause)
         builds.host = NodeBuildHost(self.create, snapshots)
         self._stack = stack
 
     @classmethod
-    async def open(cls, cfg: Config, upload_key: bytes | None = None) -> Node:
-        """The node's runtime; `upload_key` signs build-file upload URLs (`BuildFiles`)."""
+    async def open(cls, cfg: Config, upload_key: bytes | None = None, *, sealer: Sealer) -> Node:
+        """The node's runtime; `upload_key` signs build-file upload URLs (`BuildFiles`),
+        `sealer` holds the server key (`credentials/sealing.py`)."""
         stack = contextlib.AsyncExitStack()
         try:
-            return await cls._open(cfg, stack, upload_key)
+            return await cls._open(cfg, stack, upload_key, sealer)
         except BaseException:
             await stack.aclose()
             raise
 
     @classmethod
     async def _open(
-        cls, cfg: Config, stack: contextlib.AsyncExitStack, upload_key: bytes | None
+        cls,
+        cfg: Config,
+        stack: contextlib.AsyncExitStack,
+        upload_key: bytes | None,
+        sealer: Sealer,
     ) -> Node:
         kit = load_kit(cfg)
         if kit is None:
@@ -141,6 +152,8 @@ class Node:
         )
         store = await SqlSandboxStore.open(cfg.state_url, cfg.node_name)
         stack.push_async_callback(store.close)
+        credentials = Credentials.on(store.engine, store, sealer, IdentitySettings.of(cfg))
+        await credentials.open()
         driver = QemuDriver(
             cfg.vmm.qemu_binary,
             accel.name,
@@ -201,7 +214,7 @@ class Node:
             stack.push_async_callback(_cancelled, asyncio.create_task(pool.run()))
         node = cls(
             cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, nodes,
-            volumes, pool,
+            volumes, credentials, pool,
         )  # fmt: skip
         await node.volumes.sweep()
         if base_in_store(cfg):
@@ -215,6 +228,7 @@ class Node:
             collector.run_every(cfg.storage),
             served_ram.run_every(_RAM_SWEEP_INTERVAL),
             node.memory.run_every(cfg.sandbox.memory_sample_interval),
+            credentials.identity.run_every(),
         ]
         if cfg.server.role == "node":
             presence = NodePresence(nodes, manager, snapshots, blockd)
