@@ -3,9 +3,11 @@ SHELL := /bin/bash
 PY := /usr/bin/python3
 VENV := .venv
 BIN := $(VENV)/bin
+# microsocks and stunnel4: the SOCKS5 egress proxies (plain and TLS) the tests stand up.
 APT_PACKAGES := python3-venv python3-dev qemu-system-x86 qemu-utils busybox-static debootstrap \
 	iptables iproute2 e2fsprogs cpio kmod zstd util-linux procps tmux ca-certificates docker-registry apache2-utils libfuse3-dev fuse3 pkg-config gcc libc6-dev \
-	postgresql docker.io docker-compose systemd nfs-ganesha nfs-ganesha-vfs rpcbind
+	postgresql docker.io docker-compose systemd nfs-ganesha nfs-ganesha-vfs rpcbind \
+	microsocks stunnel4
 STAMP := $(VENV)/.installed
 
 .PHONY: run test quick-test bench lint typecheck format system-deps venv kit clean

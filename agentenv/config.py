@@ -126,6 +126,9 @@ class NetConfig:
     allowed_ranges: str = ""
     # Where guests' DNS queries to their gateway go; empty means the host's resolver.
     dns_server: str = ""
+    # PEM file of CAs the egress proxy trusts, besides the host's, for the servers it
+    # reaches on guests' behalf when header rules apply (private CAs, test labs).
+    egress_trusted_cas: str = ""
 
 
 @dataclass

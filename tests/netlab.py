@@ -4,8 +4,10 @@ or cloud metadata, servers to put in them, and a probe a guest runs. No packet l
 from __future__ import annotations
 
 import secrets
+import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -301,3 +303,119 @@ def guest_stand_in(plan: NetworkPlan) -> Iterator[str]:
         yield guest
     finally:
         remove_namespace(guest)
+
+
+# Answers every request with the JSON of what it got: method, path, headers and body;
+# over TLS with the certificate file given; "hashed": header values as their SHA-256 (so a
+# secret sent is recognised, not handed back). Prints its port once it listens.
+ECHO = r"""
+import hashlib, http.server, json, ssl, sys
+def shown(value):
+    return hashlib.sha256(value.encode()).hexdigest() if sys.argv[2] == "hashed" else value
+class Echo(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    def answer(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.dumps({"method": self.command, "path": self.path,
+                           "headers": {k.lower(): shown(v) for k, v in self.headers.items()},
+                           "body": self.rfile.read(length).decode()}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = answer
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 443), Echo)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain(sys.argv[1])
+server.socket = context.wrap_socket(server.socket, server_side=True)
+print(443, flush=True)
+server.serve_forever()
+"""
+
+
+def site_certificates(at: Path) -> tuple[Path, Path]:
+    """In `at`: a CA, and a certificate of it for api.site.test and *.site.test followed by
+    its key (one PEM file)."""
+    ca_key, ca, web = at / "ca.key", at / "ca.pem", at / "web.pem"
+    sh("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+       "-nodes", "-days", "1", "-subj", "/CN=test upstream CA", "-keyout", str(ca_key),
+       "-out", str(ca))  # fmt: skip
+    request = subprocess.run(
+        ["openssl", "req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-subj", "/CN=api.site.test", "-keyout", str(at / "web.key")],
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    extensions = at / "san.ext"
+    extensions.write_text("subjectAltName=DNS:api.site.test,DNS:*.site.test\n")
+    signed = subprocess.run(
+        ["openssl", "x509", "-req", "-CA", str(ca), "-CAkey", str(ca_key), "-days", "1",
+         "-extfile", str(extensions)],
+        input=request, capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    web.write_bytes(signed + (at / "web.key").read_bytes())
+    return ca, web
+
+
+@contextmanager
+def echo_server(netns: str, certificate: Path, *, hashed: bool = False) -> Iterator[None]:
+    """ECHO on port 443 of `netns` until the block ends."""
+    shown = "hashed" if hashed else "plain"
+    command = ["ip", "netns", "exec", netns, sys.executable, "-c", ECHO, str(certificate), shown]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline()
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# microsocks's port, and stunnel's in front of it.
+SOCKS_PORT, SOCKS_TLS_PORT = 1080, 1443
+
+
+@contextmanager
+def socks_server(
+    at: Peer, dns: str, log: Path, hosts: dict[str, str] | None = None
+) -> Iterator[None]:
+    """microsocks in `at`'s namespace, with a user; it resolves names with `dns` (if any)
+    and `hosts`."""
+    etc = Path("/etc/netns") / at.netns
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "resolv.conf").write_text(f"nameserver {dns}\n" if dns else "")
+    (etc / "hosts").write_text("".join(f"{ip} {name}\n" for name, ip in (hosts or {}).items()))
+    command = ["ip", "netns", "exec", at.netns, "microsocks", "-i", "0.0.0.0"]
+    command += ["-p", str(SOCKS_PORT), "-u", "agent", "-P", "s3cret"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        time.sleep(0.3)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(etc, ignore_errors=True)
+
+
+@contextmanager
+def tls_in_front(at: Peer, certificate: Path, workdir: Path) -> Iterator[None]:
+    """stunnel in `at`'s namespace: TLS on SOCKS_TLS_PORT, to microsocks inside."""
+    config = workdir / "stunnel.conf"
+    config.write_text(
+        f"foreground = yes\npid =\n[socks]\naccept = 0.0.0.0:{SOCKS_TLS_PORT}\n"
+        f"connect = 127.0.0.1:{SOCKS_PORT}\ncert = {certificate}\n"
+    )
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", at.netns, "stunnel", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()

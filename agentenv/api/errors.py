@@ -38,7 +38,9 @@ def _answer(answer: ErrorAnswer) -> JSONResponse:
 def _describe_validation(exc: RequestValidationError) -> str:
     parts = []
     for error in exc.errors():
-        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
+        loc = tuple(error.get("loc", ()))
+        # The first part says where the field was (body, query); a field may be named "body".
+        where = ".".join(str(p) for p in (loc[1:] if loc[:1] == ("body",) else loc))
         parts.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
     return "invalid request: " + "; ".join(parts)
 

@@ -7,6 +7,7 @@ File uploads never pass here: they go to the guest through the proxy, streamed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Annotated, Any
 
@@ -80,6 +81,26 @@ EnvVars = Annotated[
     dict[str, str],
     AfterValidator(_bounded("envVars", "=")),
     Field(json_schema_extra=_schema("=")),
+]
+
+# A header's name is an HTTP token; a line break in its value would start another header.
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+def _header_values(entries: dict[str, str]) -> dict[str, str]:
+    _bounded("headers", "")(entries)
+    for name, value in entries.items():
+        if not _HEADER_NAME.match(name):
+            raise ValueError(f"headers: {name!r} is not a header name")
+        if "\r" in value or "\n" in value:
+            raise ValueError(f"headers: the value of {name!r} holds a line break")
+    return entries
+
+
+HeaderValues = Annotated[
+    dict[str, str],
+    AfterValidator(_header_values),
+    Field(json_schema_extra=_schema("")),
 ]
 
 

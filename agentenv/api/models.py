@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..credentials.identity import TOKEN_TYPES
+from ..credentials.vault import usable_name
 from ..images.builds import LogLevel
-from ..net.placeholders import usable_name
 from ..net.rules import MAX_ENTRIES as MAX_RULES
-from .limits import MAX_ENTRIES, PRINTABLE, EnvVars, Metadata
+from .limits import MAX_ENTRIES, PRINTABLE, EnvVars, HeaderValues, Metadata
+
+# E2B's bound on `dnsServers`.
+MAX_DNS_SERVERS = 10
+MAX_PEM_BYTES = 64 * 1024
+HOSTNAME = r"^[A-Za-z0-9._-]+$"
 
 
 class _Request(BaseModel):
@@ -19,23 +24,69 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _at_most_255_bytes(text: str) -> str:
+    if len(text.encode("utf-8", "surrogatepass")) > 255:
+        raise ValueError("at most 255 bytes")
+    return text
+
+
 class AutoResume(_Request):
     enabled: bool = False
 
 
+class EgressProxyTls(_Request):
+    """TLS on the hop to a SOCKS5 egress proxy (E2B's `SandboxEgressProxyTLSConfig`)."""
+
+    enabled: bool
+    # The name the proxy's certificate is checked against (and sent as SNI); default: the
+    # host part of its address.
+    serverName: str | None = Field(default=None, min_length=1, max_length=253, pattern=HOSTNAME)
+    # PEM certificates that replace the host's trust store for this proxy.
+    caCert: str | None = Field(default=None, min_length=1, max_length=MAX_PEM_BYTES)
+
+    @model_validator(mode="after")
+    def _nothing_when_off(self) -> EgressProxyTls:
+        if not self.enabled and (self.serverName is not None or self.caCert is not None):
+            raise ValueError("with enabled false, no other field may be set")
+        return self
+
+
+class EgressProxy(_Request):
+    """A SOCKS5 server all of a sandbox's allowed outbound TCP is tunnelled through."""
+
+    # `host:port`, the host a name or an IPv4 address.
+    address: str = Field(min_length=3, max_length=260, pattern=r"^[A-Za-z0-9._-]+:[0-9]{1,5}$")
+    # RFC 1929 allows 255 bytes each.
+    username: Annotated[str, AfterValidator(_at_most_255_bytes)] | None = None
+    password: Annotated[str, AfterValidator(_at_most_255_bytes)] | None = None
+    tls: EgressProxyTls | None = None
+
+
+class HeaderTransform(_Request):
+    """What a rule changes in a matching HTTPS request: headers set (replacing any of the
+    same name); values may hold `${e2b.secrets.NAME}` and `${e2b.identity.tokens.NAME}`."""
+
+    headers: HeaderValues | None = None
+
+
+class NetworkRule(_Request):
+    transform: HeaderTransform | None = None
+
+
 class NetworkEgress(_Request):
-    """E2B's egress rules (`PUT /sandboxes/{id}/network` takes these alone)."""
+    """E2B's egress settings (`PUT /sandboxes/{id}/network` takes these alone)."""
 
     allowOut: list[str] | None = Field(default=None, max_length=MAX_RULES)
     denyOut: list[str] | None = Field(default=None, max_length=MAX_RULES)
-    # In E2B's spec, not served here: taken only to be refused by name
-    # (`docs/e2b-compatibility.md`).
-    rules: dict[str, Any] | None = Field(default=None, max_length=MAX_ENTRIES)
-    egressProxy: dict[str, Any] | None = Field(default=None, max_length=MAX_ENTRIES)
+    # Reachable when `allowOut` holds a domain; None: E2B's default, 8.8.8.8; []: none.
+    dnsServers: list[str] | None = Field(default=None, max_length=MAX_DNS_SERVERS)
+    egressProxy: EgressProxy | None = None
+    # Host pattern (`api.example.com`, `*.example.com`) -> rules for its HTTPS requests.
+    rules: dict[str, list[NetworkRule]] | None = Field(default=None, max_length=MAX_ENTRIES)
 
 
 class NetworkUpdate(NetworkEgress):
-    """Body of `PUT /sandboxes/{id}/network`: replaces the rules, clearing what it omits."""
+    """Body of `PUT /sandboxes/{id}/network`: replaces the settings, clearing what it omits."""
 
     allow_internet_access: bool = True
 
@@ -43,12 +94,14 @@ class NetworkUpdate(NetworkEgress):
 class SandboxNetwork(NetworkEgress):
     """The `network` option of a create."""
 
-    # False: requests to the sandbox's ports need its `trafficAccessToken`.
-    allowPublicTraffic: bool = True
+    # False: requests to the sandbox's ports need its `trafficAccessToken`; None: true.
+    allowPublicTraffic: bool | None = None
     # The Host header the sandbox's ports see; `${PORT}` stands for the port.
     maskRequestHost: str | None = Field(
         default=None, min_length=1, max_length=256, pattern=PRINTABLE
     )
+    # Guest ports serving HTTPS: the proxy reaches them over TLS, without verifying.
+    httpsPorts: list[int] | None = Field(default=None, max_length=MAX_ENTRIES)
 
 
 class VolumeMount(BaseModel):
@@ -145,6 +198,13 @@ class ConnectBody(_Request):
     memory: bool = True
 
 
+class ResumeBody(ConnectBody):
+    """Body of `POST /sandboxes/{id}/resume` (SDK 2.0-2.5)."""
+
+    # Given: whether the resumed sandbox pauses (true) or is killed at its timeout.
+    autoPause: bool | None = None
+
+
 class SnapshotBody(_Request):
     """Body of `POST /sandboxes/{id}/snapshots`."""
 
@@ -216,11 +276,23 @@ class Lifecycle(BaseModel):
     onTimeout: Literal["kill", "pause"]
 
 
+class EgressProxyInfo(BaseModel):
+    """A sandbox's egress proxy as shown: never its password."""
+
+    address: str
+    username: str | None = None
+    tls: EgressProxyTls | None = None
+
+
 class NetworkInfo(BaseModel):
     allowOut: list[str] | None = None
     denyOut: list[str] | None = None
     allowPublicTraffic: bool = True
     maskRequestHost: str | None = None
+    dnsServers: list[str] | None = None
+    egressProxy: EgressProxyInfo | None = None
+    httpsPorts: list[int] | None = None
+    rules: dict[str, list[NetworkRule]] | None = None
 
 
 class SandboxDetail(ListedSandbox):

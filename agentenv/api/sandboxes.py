@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from datetime import UTC, datetime
+from ipaddress import IPv4Address
 from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Depends, Response
@@ -15,7 +16,9 @@ from ..errors import InvalidInput, error_answer
 from ..guest.agent import ENVD_VERSION
 from ..images.pull import default_name
 from ..images.reference import parse_reference
-from ..net.rules import parse_egress
+from ..net.dns import is_dns_name
+from ..net.rules import egress_of
+from ..net.transforms import normalize_rules
 from ..runtime.machine.mounts import resolve_mounts
 from ..runtime.node.adoption import adopt
 from ..runtime.node.assembly import Node
@@ -23,6 +26,7 @@ from ..runtime.node.memorykeeper import MIB
 from ..runtime.sandboxes.creation import CreateRequest
 from ..state.lifecycle import PUBLIC_STATE
 from ..state.sandboxes import SandboxOptions, SandboxRecord
+from ..wire import ENVD_PORT
 from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
 from .errors import ERROR_RESPONSES
 from .listing import CLIENT_ID, ListQuery, list_query, listed_fields, listed_page, running_listed
@@ -39,6 +43,7 @@ from .models import (
     NewSandbox,
     PauseBody,
     RefreshBody,
+    ResumeBody,
     Sandbox,
     SandboxDetail,
     SandboxMetric,
@@ -70,22 +75,33 @@ def sandbox_answer(record: SandboxRecord, domain: str | None) -> Sandbox:
 def network_option(
     network: SandboxNetwork | NetworkEgress | None, internet: bool
 ) -> dict[str, Any]:
-    """The `network` option as stored: what was given, its egress rules checked."""
+    """The `network` option as stored: what was given, checked, its rules' keys lower-cased."""
     given = network.model_dump(exclude_none=True) if network is not None else {}
-    if given.get("rules"):
-        raise InvalidInput(
-            "network.rules: per-domain transform rules (injected headers) are not available"
-            " on this server"
-        )
-    if given.get("egressProxy"):
-        raise InvalidInput(
-            "network.egressProxy: a SOCKS5 egress proxy is not available on this server"
-        )
-    given.pop("rules", None)
-    given.pop("egressProxy", None)
+    if "egressProxy" in given:
+        _check_proxy_address(given["egressProxy"]["address"])
     given.pop("allow_internet_access", None)  # an update's; stored as allow_internet
-    parse_egress(given.get("allowOut", []), given.get("denyOut", []), internet)
+    if ENVD_PORT in given.get("httpsPorts", ()):
+        raise InvalidInput(f"network.httpsPorts: the agent's port {ENVD_PORT} cannot be listed")
+    if any(not 0 < port < 65536 for port in given.get("httpsPorts", ())):
+        raise InvalidInput("network.httpsPorts: ports are 1 to 65535")
+    if "rules" in given:
+        given["rules"] = normalize_rules(given["rules"])
+    egress_of(given, internet)
     return given
+
+
+def _check_proxy_address(address: str) -> None:
+    host, _, port = address.rpartition(":")
+    if not 0 < int(port) < 65536:
+        raise InvalidInput(f"network.egressProxy.address: {address!r}: ports are 1 to 65535")
+    if not is_dns_name(host.lower()):
+        try:
+            IPv4Address(host)
+        except ValueError:
+            raise InvalidInput(
+                f"network.egressProxy.address: {address!r}: the host must be a name or an"
+                " IPv4 address"
+            ) from None
 
 
 async def _template_for(node: Node, name: str) -> str:
@@ -264,12 +280,12 @@ async def connect_sandbox(
 
 
 @router.post("/sandboxes/{sandbox_id}/resume", status_code=201)
-async def resume_sandbox(
-    node: NodeDep, sandbox_id: str, body: ConnectBody | None = None
-) -> Sandbox:
+async def resume_sandbox(node: NodeDep, sandbox_id: str, body: ResumeBody | None = None) -> Sandbox:
     """SDK 2.0-2.5: resume a paused sandbox; a running one is a 409."""
-    body = body or ConnectBody()
+    body = body or ResumeBody()
     record = await node.pauses.resume(sandbox_id, _resume_timeout(node.cfg, body), body.memory)
+    if body.autoPause is not None:
+        await node.manager.set_auto_pause(sandbox_id, body.autoPause)
     return sandbox_answer(record, public_domain(node.cfg))
 
 

@@ -8,12 +8,12 @@ the moment, so an update reaches it at once and a deletion stops it.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 from ..errors import InvalidInput, NotFound
-from ..net.placeholders import usable_name
 from ..state.credentials import SecretRecord, SecretStore
 from .sealing import Sealer
 
@@ -26,10 +26,18 @@ MAX_METADATA_ENTRIES = 32
 MAX_METADATA_KEY_BYTES = 128
 MAX_METADATA_VALUE_BYTES = 1024
 MAX_METADATA_BYTES = 8192
+# What a name in a placeholder cannot hold, as the SDK refuses: a brace would end or open
+# the placeholder early, a control character cannot go into a header.
+_NOT_IN_NAMES = re.compile(r"[{}\x00-\x1f\x7f-\x9f]")
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def usable_name(name: str) -> bool:
+    """Whether a secret or identity token of this name can be named by a placeholder."""
+    return bool(name) and not _NOT_IN_NAMES.search(name)
 
 
 def canonical_name(name: str) -> str:

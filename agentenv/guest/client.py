@@ -66,9 +66,10 @@ class AgentClient:
         user: str | None = None,
         workdir: str | None = None,
         volume_mounts: list[dict[str, str]] | None = None,
+        trusted_ca: str | None = None,
     ) -> None:
         """Hand the agent the sandbox's environment, token, defaults, clock and entropy,
-        and the volumes it mounts (E2B's envd `volumeMounts`)."""
+        the volumes it mounts (E2B's envd `volumeMounts`) and the egress CA it trusts."""
         body: dict[str, object] = {
             "envVars": env_vars,
             "timestamp": datetime.now(UTC).isoformat(),
@@ -83,6 +84,8 @@ class AgentClient:
             body["defaultWorkdir"] = workdir
         if volume_mounts:
             body["volumeMounts"] = volume_mounts
+        if trusted_ca:
+            body["trustedCa"] = trusted_ca
         if self._reclaim_after_idle is not None:
             body["reclaimAfterIdle"] = self._reclaim_after_idle
         await self._host_call("/init", body)

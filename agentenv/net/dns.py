@@ -1,4 +1,5 @@
-"""The host's DNS resolver, which guests' queries to their gateway are forwarded to by default."""
+"""DNS on the host: its resolver (where guests' queries to their gateway go by default),
+and what counts as a host name."""
 
 from __future__ import annotations
 
@@ -37,3 +38,18 @@ def host_dns_server(files: Iterable[Path] = RESOLV_CONF_FILES) -> IPv4Address | 
         if servers:
             return servers[0]
     return None
+
+
+def is_dns_name(name: str) -> bool:
+    """Whether `name` (lower case, no trailing dot) is a host name, not an address."""
+    labels = name.split(".")
+    # A top-level label is never all digits: `300.1.1.1` is a bad address, not a name.
+    return (
+        name.isascii()
+        and len(name) <= 253
+        and not labels[-1].isdigit()
+        and all(
+            0 < len(label) < 64 and label.replace("-", "").replace("_", "").isalnum()
+            for label in labels
+        )
+    )

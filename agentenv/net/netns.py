@@ -33,7 +33,7 @@ __all__ = [
     "plan_network",
 ]
 
-_NETNS_DIR = Path("/run/netns")
+NETNS_DIR = Path("/run/netns")
 
 
 async def _run(*args: str, stdin: bytes | None = None) -> str:
@@ -127,7 +127,7 @@ async def apply_policy(
     """Set what the guest may reach, replacing the namespace's rules whole (atomically, so
     an update never leaves a gap); idempotent. Without `egress` the guest gets no
     exception: no allowed range, no DNS."""
-    nsenter = ("nsenter", f"--net={_NETNS_DIR / plan.netns}", "--")
+    nsenter = ("nsenter", f"--net={NETNS_DIR / plan.netns}", "--")
     await _run(*nsenter, "sysctl", "-qw", *_namespace_sysctls())
     restore = namespace_rules(plan, rules, egress or EgressPolicy(), mounts_volumes=mounts_volumes)
     await _run(*nsenter, "iptables-restore", stdin=restore.encode())
@@ -216,7 +216,7 @@ async def create_detached_tap(netns: str) -> None:
 
 async def destroy_network(netns: str, host_veth: str | None = None) -> None:
     """Delete the namespace (and with it the tap, the veth pair and its rules); idempotent."""
-    if (_NETNS_DIR / netns).exists():
+    if (NETNS_DIR / netns).exists():
         await _run("ip", "netns", "del", netns)
     if host_veth and link_exists(host_veth):
         try:
@@ -228,11 +228,11 @@ async def destroy_network(netns: str, host_veth: str | None = None) -> None:
 
 
 def namespace_exists(netns: str) -> bool:
-    return (_NETNS_DIR / netns).exists()
+    return (NETNS_DIR / netns).exists()
 
 
 def list_namespaces(name_prefix: str) -> list[str]:
     """Namespaces a server with this prefix created (for the start-up sweep of leftovers)."""
-    if not _NETNS_DIR.exists():
+    if not NETNS_DIR.exists():
         return []
-    return sorted(p.name for p in _NETNS_DIR.iterdir() if p.name.startswith(f"{name_prefix}-"))
+    return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(f"{name_prefix}-"))

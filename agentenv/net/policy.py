@@ -57,6 +57,9 @@ NFS_PORTS = f"{NFS_PORT},{MOUNT_PORT}"
 
 # The node's policy for what a guest's own rules let through.
 _NODE = "NODE-POLICY"
+# Where a sandbox tunnelling its egress (`net/tunnels.py`) has the node's listener, inside
+# its namespace, at its gateway.
+TUNNEL_PORT = 1080
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,19 @@ def namespace_rules(
                 f"-A FORWARD {from_guest} -m conntrack --ctstate DNAT"
                 f" --ctorigdst {plan.guest_gateway} -j ACCEPT"
             )
-        if rules.domains and egress.proxy is not None:
+        if rules.upstream is not None:
+            # All of its TCP to the node's listener in its namespace, which knows each
+            # connection's destination.
+            nat.append(
+                f"-A PREROUTING {from_guest} -p tcp"
+                f" -j DNAT --to-destination {plan.guest_gateway}:{TUNNEL_PORT}"
+            )
+            forward.insert(
+                0,
+                f"-A INPUT {from_guest} -p tcp -d {plan.guest_gateway} --dport {TUNNEL_PORT}"
+                " -m conntrack --ctstate DNAT -j ACCEPT",
+            )
+        elif (rules.domains or rules.transforms) and egress.proxy is not None:
             nat += _to_egress_proxy(plan, rules, egress.proxy)
             ports = f"{egress.proxy.http},{egress.proxy.tls}"
             forward.append(
@@ -155,6 +170,11 @@ def namespace_rules(
         # The sandbox's own rules, an allowed range winning over a denied one; what they
         # allow, and what they leave alone, still goes through the node's policy.
         forward += [f"-A FORWARD {from_guest} -d {cidr} -j {_NODE}" for cidr in rules.allow]
+        if rules.domains:
+            # E2B's `dnsServers`: a domain allow-list opens its DNS servers, all traffic.
+            forward += [
+                f"-A FORWARD {from_guest} -d {server} -j {_NODE}" for server in rules.dns_servers
+            ]
         forward += [f"-A FORWARD {from_guest} -d {cidr} -j {_REFUSE}" for cidr in rules.denied]
         forward.append(f"-A FORWARD {from_guest} -j {_NODE}")
     node_chain = [
@@ -168,12 +188,15 @@ def namespace_rules(
 
 
 def _to_egress_proxy(plan: NetworkPlan, rules: EgressRules, ports: EgressPorts) -> list[str]:
-    """nat rules sending the guest's new HTTP and TLS connections to the node's egress
-    proxy (at the host's end of its veth), but for those its allowed ranges cover."""
+    """nat rules sending the guest's new connections to the node's egress proxy (at the
+    host's end of its veth), but for those its allowed ranges cover: HTTP and TLS to match
+    allowed domains, TLS alone for header rules (which HTTPS requests alone get)."""
     lines = []
-    for port, proxy_port in ((80, ports.http), (443, ports.tls)):
+    intercepted = [(443, ports.tls)] if not rules.domains else [(80, ports.http), (443, ports.tls)]
+    for port, proxy_port in intercepted:
         to_port = f"-A PREROUTING -i {TAP_NAME} -p tcp --dport {port}"
-        lines += [f"{to_port} -d {cidr} -j RETURN" for cidr in rules.allow]
+        if not (port == 443 and rules.transforms):  # the rules' hosts may be anywhere
+            lines += [f"{to_port} -d {cidr} -j RETURN" for cidr in rules.allow]
         lines.append(f"{to_port} -j DNAT --to-destination {plan.host_ip}:{proxy_port}")
     return lines
 

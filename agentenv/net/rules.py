@@ -10,15 +10,20 @@ matched on HTTP's Host header and TLS's server name by the node's egress proxy
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from ipaddress import IPv4Network, ip_network
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network, ip_network
 from typing import Any
 
 from ..errors import InvalidInput
+from .dns import is_dns_name
+from .socks import SocksUpstream
+from .transforms import HeaderRules, header_rules, normalize_rules
 
 ALL_TRAFFIC = "0.0.0.0/0"
-# The keys of the `network` option that hold egress rules (an update replaces them all).
-EGRESS_FIELDS = ("allowOut", "denyOut")
+# The keys of the `network` option that hold egress settings (an update replaces them all).
+EGRESS_FIELDS = ("allowOut", "denyOut", "dnsServers", "egressProxy", "rules")
+# Reachable by a sandbox whose `allowOut` holds a domain, unless `dnsServers` says otherwise.
+DEFAULT_DNS_SERVERS = (IPv4Address("8.8.8.8"),)
 # Per list; each entry becomes one rule in the namespace.
 MAX_ENTRIES = 256
 
@@ -32,6 +37,12 @@ class EgressRules:
     deny: tuple[IPv4Network, ...] = ()
     # Host names (`site.test`, `*.site.test`, `*`) allowed over HTTP and TLS.
     domains: tuple[str, ...] = ()
+    # Opened (all traffic, within the node's policy) when `domains` is not empty.
+    dns_servers: tuple[IPv4Address, ...] = DEFAULT_DNS_SERVERS
+    # Headers set on HTTPS requests to matching hosts (`net/transforms.py`).
+    transforms: HeaderRules = field(default_factory=HeaderRules)
+    # The SOCKS5 server all allowed TCP goes through (`net/tunnels.py`); None: straight.
+    upstream: SocksUpstream | None = None
 
     @property
     def unrestricted(self) -> bool:
@@ -46,9 +57,23 @@ class EgressRules:
         """Whether `host` (lower-case) matches an allowed domain, as E2B matches them."""
         return any(_matches(host, pattern) for pattern in self.domains)
 
+    def allows(self, host: str, address: IPv4Address) -> bool:
+        """Whether a connection to `host` at `address` is allowed: by its name, or by the
+        address (an allowed entry winning over a denied one)."""
+        if self.allows_host(host) or any(address in allowed for allowed in self.allow):
+            return True
+        return not any(address in denied for denied in self.denied)
 
-def parse_egress(allow_out: list[str], deny_out: list[str], internet: bool = True) -> EgressRules:
-    """Rules from E2B's lists; InvalidInput names the first bad entry."""
+
+def parse_egress(
+    allow_out: list[str],
+    deny_out: list[str],
+    internet: bool = True,
+    dns_servers: list[str] | None = None,
+    rules: dict[str, list[dict[str, Any]]] | None = None,
+    egress_proxy: dict[str, Any] | None = None,
+) -> EgressRules:
+    """Rules from E2B's settings; InvalidInput names the first bad entry."""
     domains = tuple(_domain(e) for e in allow_out if _looks_like_domain(e))
     addresses = [e for e in allow_out if not _looks_like_domain(e)]
     deny = _networks("denyOut", deny_out)
@@ -58,12 +83,34 @@ def parse_egress(allow_out: list[str], deny_out: list[str], internet: bool = Tru
             "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC'"
             " in deny out to block all other traffic."
         )
-    return EgressRules(internet, _networks("allowOut", addresses), deny, domains)
+    return EgressRules(
+        internet,
+        _networks("allowOut", addresses),
+        deny,
+        domains,
+        DEFAULT_DNS_SERVERS if dns_servers is None else _addresses("dnsServers", dns_servers),
+        header_rules(normalize_rules(rules or {})),
+        SocksUpstream.of(egress_proxy) if egress_proxy else None,
+    )
 
 
 def egress_of(network: dict[str, Any], internet: bool) -> EgressRules:
     """The rules stored in a sandbox record's `network` (already checked on the way in)."""
-    return parse_egress(network.get("allowOut", []), network.get("denyOut", []), internet)
+    return parse_egress(
+        network.get("allowOut", []),
+        network.get("denyOut", []),
+        internet,
+        network.get("dnsServers"),
+        network.get("rules"),
+        network.get("egressProxy"),
+    )
+
+
+def _addresses(field: str, entries: list[str]) -> tuple[IPv4Address, ...]:
+    try:
+        return tuple(IPv4Address(entry.strip()) for entry in entries)
+    except ValueError as exc:
+        raise InvalidInput(f"network.{field}: {exc}; each entry must be an IPv4 address") from None
 
 
 def _networks(field: str, entries: list[str]) -> tuple[IPv4Network, ...]:
@@ -91,18 +138,7 @@ def _domain(entry: str) -> str:
 
 def _looks_like_domain(entry: str) -> bool:
     name = _domain(entry)
-    if name == "*":
-        return True
-    labels = name.removeprefix("*.").split(".")
-    # A top-level label is never all digits: `300.1.1.1` is a bad address, not a name.
-    return (
-        not labels[-1].isdigit()
-        and all(
-            0 < len(label) < 64 and label.replace("-", "").replace("_", "").isalnum()
-            for label in labels
-        )
-        and name.isascii()
-    )
+    return name == "*" or is_dns_name(name.removeprefix("*."))
 
 
 def _matches(host: str, pattern: str) -> bool:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import base64
+import re
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
+from agentenv.api.errors import install_error_handlers
 from agentenv.api.limits import MAX_ENTRIES, MAX_KEY_BYTES, MAX_VALUE_BYTES
 from agentenv.api.models import NewSandbox
 from agentenv.api.pagination import decode_cursor
@@ -73,17 +77,70 @@ def test_a_cursor_of_ours_reads_back() -> None:
     assert (when.year, when.tzinfo is not None, sandbox_id) == (2026, True, "iabc")
 
 
+def test_empty_settings_as_an_sdk_may_send_them_ask_for_nothing() -> None:
+    empty = NewSandbox(templateID="base", network={"rules": {}, "egressProxy": None})
+    assert network_option(empty.network, True) == {"rules": {}}
+
+
+def test_every_network_field_of_e2bs_is_taken() -> None:
+    network = {
+        "allowPublicTraffic": None,
+        "allowOut": ["api.example.test"],
+        "denyOut": ["0.0.0.0/0"],
+        "dnsServers": ["192.0.2.53"],
+        "maskRequestHost": "${PORT}.example.test",
+        "httpsPorts": [3000, 8443],
+        "egressProxy": {
+            "address": "proxy.example.test:1080",
+            "username": "u",
+            "password": "p",
+            "tls": {"enabled": True, "serverName": "proxy.example.test", "caCert": "PEM"},
+        },
+    }
+    body = NewSandbox(templateID="base", network=network)
+    stored = network_option(body.network, True)
+    assert stored == {k: v for k, v in network.items() if v is not None}
+    # Rules' keys are kept lower-cased.
+    rule = [{"transform": {"headers": {"Authorization": "Bearer ${e2b.secrets.key}"}}}]
+    body = NewSandbox(templateID="base", network={"rules": {"API.Example.test": rule}})
+    assert network_option(body.network, True) == {"rules": {"api.example.test": rule}}
+
+
+def _validating_app() -> FastAPI:
+    """A create route that checks its body as the API does, and creates nothing."""
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/v2/sandboxes")
+    async def create(body: NewSandbox) -> dict[str, Any]:
+        return network_option(body.network, body.allow_internet_access)
+
+    return app
+
+
 @pytest.mark.parametrize(
     ("network", "text"),
     [
-        ({"rules": {"api.example.test": [{"transform": {"headers": {"X": "y"}}}]}}, "rules"),
-        ({"egressProxy": {"address": "proxy.example.test:1080"}}, "egressProxy"),
+        ({"dnsServers": ["dns.example.test"]}, "network.dnsServers: .*IPv4 address"),
+        ({"dnsServers": ["192.0.2.1"] * 11}, "dnsServers: List should have at most 10"),
+        ({"httpsPorts": [49983]}, "network.httpsPorts: the agent's port 49983"),
+        ({"httpsPorts": [0]}, "network.httpsPorts: ports are 1 to 65535"),
+        ({"egressProxy": {"address": "proxy.test:1080", "tls": {"enabled": False,
+          "serverName": "p.test"}}}, "with enabled false, no other field"),
+        ({"egressProxy": {"address": "proxy.test:1080", "password": "p" * 256}}, "255 bytes"),
+        ({"egressProxy": {"address": "proxy.test:0"}}, "ports are 1 to 65535"),
+        ({"egressProxy": {"address": "300.1.2.3:1080"}}, "a name or an IPv4 address"),
+        ({"egressProxy": {"address": "proxy.test"}}, "egressProxy.address: String should match"),
+        ({"rules": {"a.test": [{"transform": {"headers": {"Bad Name": "v"}}}]}},
+         "not a header name"),
+        ({"rules": {"a.test": [{"transform": {"headers": {"X": "a\r\nHost: b"}}}]}},
+         "line break"),
+        ({"rules": {"a.test": [{"transform": {"body": "x"}}]}}, "transform.body: Extra inputs"),
+        ({"dnsServer": ["192.0.2.1"]}, "network.dnsServer: Extra inputs are not permitted"),
     ],
-)
-def test_network_features_not_served_are_refused_by_name(network: dict, text: str) -> None:
-    body = NewSandbox(templateID="base", network=network)
-    with pytest.raises(InvalidInput, match=f"network.{text}: .* not available"):
-        network_option(body.network, True)
-    # Empty, as an SDK may send them, they ask for nothing.
-    empty = NewSandbox(templateID="base", network={"rules": {}, "egressProxy": None})
-    assert network_option(empty.network, True) == {"allowPublicTraffic": True}
+)  # fmt: skip
+def test_bad_network_settings_are_named(network: dict, text: str) -> None:
+    client = TestClient(_validating_app())
+    answer = client.post("/v2/sandboxes", json={"templateID": "base", "network": network})
+    assert answer.status_code == 400
+    assert re.search(text, answer.json()["message"]), answer.json()

@@ -334,6 +334,34 @@ def test_two_control_replicas_at_once(cluster: Cluster) -> None:
         second.wait(30)
 
 
+def test_network_settings_through_the_control_url(cluster: Cluster) -> None:
+    """E2B's newest network settings reach the node, are shown by the control plane
+    (never the proxy's password) and are replaced by an update it relays."""
+    rule = {"api.site.test": [{"transform": {"headers": {"X-Key": "literal"}}}]}
+    proxy = {"address": "198.51.100.1:1080", "username": "u", "password": "p"}
+    sandbox = Sandbox.create(
+        network={
+            "allow_out": ["api.site.test"],
+            "deny_out": ["0.0.0.0/0"],
+            "dns_servers": ["192.0.2.53"],
+            "rules": rule,
+            "egress_proxy": proxy,
+            "https_ports": [3000],
+        }
+    )
+    try:
+        shown = cluster.api.get(f"/sandboxes/{sandbox.sandbox_id}").json()["network"]
+        assert shown["rules"] == rule and shown["dnsServers"] == ["192.0.2.53"]
+        assert shown["egressProxy"] == {"address": "198.51.100.1:1080", "username": "u"}
+        sandbox.update_network({"allow_out": ["192.0.2.10"], "deny_out": ["0.0.0.0/0"]})
+        shown = cluster.api.get(f"/sandboxes/{sandbox.sandbox_id}").json()["network"]
+        assert shown["allowOut"] == ["192.0.2.10"]
+        assert "rules" not in shown and "egressProxy" not in shown
+        assert sandbox.commands.run("echo still here").stdout == "still here\n"
+    finally:
+        sandbox.kill()
+
+
 def test_nodes_stand_apart_and_their_guests_reach_only_the_internet(cluster: Cluster) -> None:
     """Each node is a namespace of its own with its own address, registered at it; a guest
     reaches an internet host through two layers of rules but none of the cluster: not

@@ -127,6 +127,19 @@ def check_not_found(r: dict) -> None:
     assert r["badTemplateError"]
 
 
+def check_network(r: dict) -> None:
+    rule = [{"transform": {"headers": {"X-Key": "literal"}}}]
+    created = r["created"]
+    assert created["allowOut"] == ["192.0.2.10", "api.site.test"]
+    assert created["rules"] == {"api.site.test": rule}
+    assert created["egressProxy"] == {"address": "198.51.100.1:1080", "username": "u"}
+    assert created["httpsPorts"] == [3000]
+    updated = r["updated"]
+    assert updated["allowOut"] == ["192.0.2.11"] and updated["rules"] == {"*.site.test": rule}
+    # An update replaces the egress settings whole: the proxy is gone; the ports stay.
+    assert "egressProxy" not in updated and updated["httpsPorts"] == [3000]
+
+
 CHECKS = {
     "commands": check_commands,
     "background": check_background,
@@ -134,6 +147,7 @@ CHECKS = {
     "files": check_files,
     "lifecycle": check_lifecycle,
     "not_found": check_not_found,
+    "network": check_network,
 }
 
 

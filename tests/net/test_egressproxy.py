@@ -25,7 +25,7 @@ async def _closed_at_once(port: int, request: bytes) -> bool:
 
 
 async def test_only_sandboxes_under_their_limit_are_served() -> None:
-    rules_of = {"127.0.0.1": RULES}
+    rules_of = {"127.0.0.1": ("sandbox", RULES)}
     proxy = EgressProxy(rules_of.get, EgressPolicy(), "10.250.0.0/16", max_per_sandbox=2)
     ports = await proxy.start("127.0.0.1")
     try:

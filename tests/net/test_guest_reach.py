@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import secrets
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import ExitStack
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
@@ -16,82 +14,23 @@ import pytest
 from agentenv.net.egressproxy import EgressProxy
 from agentenv.net.netns import (
     apply_policy,
-    create_network,
-    destroy_network,
     ensure_host_forwarding,
 )
-from agentenv.net.plan import NetworkPlan, plan_network
 from agentenv.net.policy import EgressPolicy
 from agentenv.net.rules import EgressRules, parse_egress
 
 from ..netlab import (
     RESOLVED_IP,
     Lab,
-    guest_stand_in,
     host_addresses,
-    lab,
     peer,
     probe_command,
     random_slash30,
     reached,
-    remove_host_chains,
     serving,
     sh,
-    unique,
 )
-
-
-@pytest.fixture(scope="module")
-def network() -> Iterator[tuple[str, str]]:
-    """A name prefix and subnet of this test's own, with the host chains a server installs."""
-    used = sh("ip", "-o", "-4", "addr")
-    octet = secrets.choice([n for n in range(190, 250) if f" 10.{n}." not in used])
-    prefix, subnet = unique("nl"), f"10.{octet}.0.0/16"
-    try:
-        asyncio.run(ensure_host_forwarding(subnet, prefix))
-        yield prefix, subnet
-    finally:
-        remove_host_chains(prefix, subnet)
-
-
-@pytest.fixture(scope="module")
-def around(network: tuple[str, str]) -> Iterator[Lab]:
-    with lab(network[1]) as made:
-        yield made
-
-
-def _plan(network: tuple[str, str], slot: int) -> NetworkPlan:
-    return plan_network(
-        slot,
-        f"s{slot}",
-        name_prefix=network[0],
-        host_subnet=network[1],
-        guest_ip="169.254.0.21",
-        guest_gateway="169.254.0.22",
-        guest_prefix=30,
-    )
-
-
-OPEN = EgressRules()
-
-
-@asynccontextmanager
-async def sandbox(
-    network: tuple[str, str],
-    slot: int,
-    *,
-    rules: EgressRules = OPEN,
-    egress: EgressPolicy | None = None,
-) -> AsyncIterator[tuple[NetworkPlan, str]]:
-    """A sandbox's network whose tap is replaced by a veth to a namespace at the guest's
-    address: a guest without a VM. Yields the plan and that namespace."""
-    plan = _plan(network, slot)
-    try:
-        await create_network(plan, rules, egress)
-        with guest_stand_in(plan) as guest:
-            yield plan, guest
-    finally:
-        await destroy_network(plan.netns, plan.host_veth)
+from .standin import plan_for, sandbox
 
 
 def probe(targets: list[str], netns: str = "") -> dict[str, str]:
@@ -111,7 +50,7 @@ def test_lab_servers_answer_the_host(network: tuple[str, str], around: Lab) -> N
         assert fetch(around.url(name)) == name
     assert fetch(f"dns://{around.resolver.ip}/example.test") == RESOLVED_IP
     # Metadata is routed into the lab for the sandboxes' subnet only, never for the host.
-    source = _plan(network, 1).ns_ip
+    source = plan_for(network, 1).ns_ip
     route = sh("ip", "route", "get", "169.254.169.254", "from", source, "iif", "lo")
     assert around.private.host_veth in route
 
@@ -246,7 +185,9 @@ async def test_allowed_domains_go_through_the_egress_proxy(
                     return await asyncio.to_thread(fetch_as, guest, dialled, port, host, tls)
 
                 for resolver in ("public", "private"):
-                    proxy = EgressProxy({plan.ns_ip: rules}.get, resolvers[resolver], network[1])
+                    proxy = EgressProxy(
+                        {plan.ns_ip: ("s6", rules)}.get, resolvers[resolver], network[1]
+                    )
                     proxies.append(proxy)
                     ports = await proxy.start()
                     egress = dataclasses.replace(resolvers[resolver], proxy=ports)

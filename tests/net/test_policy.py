@@ -10,8 +10,15 @@ import pytest
 from agentenv.config import ConfigError, NetConfig
 from agentenv.net import policy
 from agentenv.net.plan import plan_network
-from agentenv.net.policy import BLOCKED_RANGES, EgressPolicy, egress_policy, host_chains
+from agentenv.net.policy import (
+    BLOCKED_RANGES,
+    EgressPolicy,
+    EgressPorts,
+    egress_policy,
+    host_chains,
+)
 from agentenv.net.rules import EgressRules
+from agentenv.net.socks import SocksUpstream
 
 PLAN = plan_network(
     3,
@@ -135,6 +142,32 @@ def test_dns_to_the_gateway_goes_to_the_configured_server() -> None:
     )
     # Before the blocks: the resolver is usually private; only its DNATed queries pass.
     assert dns < forward.index("-A FORWARD -i tap0 -j NODE-POLICY")
+
+
+def test_a_domain_allow_list_opens_its_dns_servers_within_the_node_policy() -> None:
+    over_all = (IPv4Network("0.0.0.0/0"),)
+    domains = EgressRules(deny=over_all, domains=("site.test",))
+    forward = _forward(policy.namespace_rules(PLAN, domains, EgressPolicy()))
+    # E2B's default server, before the denied ranges, through the node's policy.
+    opened = forward.index("-A FORWARD -i tap0 -d 8.8.8.8 -j NODE-POLICY")
+    assert opened < forward.index(f"-A FORWARD -i tap0 -d 0.0.0.0/0 {REJECT}")
+    chosen = EgressRules(
+        deny=over_all,
+        domains=("site.test",),
+        dns_servers=(IPv4Address("192.0.2.53"), IPv4Address("10.0.0.53")),
+    )
+    forward = _forward(policy.namespace_rules(PLAN, chosen, EgressPolicy()))
+    assert "-A FORWARD -i tap0 -d 192.0.2.53 -j NODE-POLICY" in forward
+    assert "-A FORWARD -i tap0 -d 10.0.0.53 -j NODE-POLICY" in forward  # blocked there
+    assert not any("8.8.8.8" in line for line in forward)
+    # None chosen, or no domain allowed: no server is opened.
+    for rules in (
+        EgressRules(deny=over_all, domains=("site.test",), dns_servers=()),
+        EgressRules(deny=over_all),
+    ):
+        text = policy.namespace_rules(PLAN, rules, EgressPolicy())
+        assert "8.8.8.8" not in text
+        assert_restorable(text)
 
 
 def test_no_internet_rejects_every_new_connection_and_has_no_exceptions() -> None:
@@ -261,3 +294,23 @@ def test_the_nfs_server_answers_sandboxes_only() -> None:
     # After a sandbox's own traffic is accepted, anything else towards it is dropped.
     accept = forward.index(("-i", "aenvp+", "-j", "ACCEPT"))
     assert forward[accept + 1] == ("-o", "nfsaenvp", "-j", "DROP")
+
+
+def test_a_tunnelled_sandbox_sends_all_its_tcp_to_its_listener() -> None:
+    upstream = SocksUpstream("proxy.example.test", 1080)
+    rules = EgressRules(deny=(IPv4Network("0.0.0.0/0"),), domains=("site.test",), upstream=upstream)
+    text = policy.namespace_rules(
+        PLAN, rules, EgressPolicy(dns_server=IPv4Address("10.0.0.2"), proxy=EgressPorts(81, 444))
+    )
+    nat = [line for line in text.splitlines() if line.startswith("-A PREROUTING -i tap0")]
+    # DNS first, then every TCP connection to the listener; the node's proxy is not used.
+    assert nat[-1] == "-A PREROUTING -i tap0 -p tcp -j DNAT --to-destination 169.254.0.22:1080"
+    assert any("--dport 53" in line for line in nat[:-1])
+    assert not any(":81" in line or ":444" in line for line in nat)
+    inputs = [line for line in text.splitlines() if line.startswith("-A INPUT")]
+    assert inputs == [
+        "-A INPUT -i tap0 -p tcp -d 169.254.0.22 --dport 1080 -m conntrack --ctstate DNAT"
+        " -j ACCEPT",
+        f"-A INPUT -i tap0 {REJECT}",
+    ]
+    assert_restorable(text)

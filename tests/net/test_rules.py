@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from ipaddress import IPv4Network
+from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
 from agentenv.errors import InvalidInput
 from agentenv.net.rules import MAX_ENTRIES, EgressRules, egress_of, parse_egress
+from agentenv.net.transforms import normalize_rules
 
 
 def test_domains_over_denying_all_traffic() -> None:
@@ -46,3 +47,40 @@ def test_addresses_and_blocks() -> None:
 def test_bad_entries_are_named(allow: list[str], deny: list[str], message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         parse_egress(allow, deny)
+
+
+def test_dns_servers_default_to_e2bs_and_may_be_none() -> None:
+    assert parse_egress([], []).dns_servers == (IPv4Address("8.8.8.8"),)
+    assert parse_egress([], [], dns_servers=[]).dns_servers == ()
+    given = egress_of({"dnsServers": ["192.0.2.53", "198.51.100.53"]}, True)
+    assert given.dns_servers == (IPv4Address("192.0.2.53"), IPv4Address("198.51.100.53"))
+    with pytest.raises(InvalidInput, match=r"network.dnsServers: .*IPv4 address"):
+        parse_egress([], [], dns_servers=["dns.example.test"])
+
+
+def test_transforms_exact_names_beat_the_longest_wildcard() -> None:
+    rules = normalize_rules(
+        {
+            "API.Example.test": [{"transform": {"headers": {"X-Key": "exact"}}}],
+            "*.example.test": [{"transform": {"headers": {"X-Key": "short"}}}],
+            "*.deep.example.test": [
+                {"transform": {"headers": {"X-Key": "long"}}},
+                {"transform": {"headers": {"X-Other": "2"}}},
+                {},
+            ],
+        }
+    )
+    transforms = egress_of({"rules": rules}, True).transforms
+    assert transforms.headers_for("api.example.test") == (("X-Key", "exact"),)
+    assert transforms.headers_for("a.b.deep.example.test") == (("X-Key", "long"), ("X-Other", "2"))
+    assert transforms.headers_for("www.example.test") == (("X-Key", "short"),)
+    # A wildcard never matches its apex, nor a name that merely ends alike.
+    assert transforms.headers_for("example.test") is None
+    assert transforms.headers_for("badexample.test") is None
+    assert not EgressRules().transforms
+
+
+@pytest.mark.parametrize("key", ["*", "*.", "exa mple.test", "192.0.2.1", "**.example.test"])
+def test_bad_rule_keys_are_named(key: str) -> None:
+    with pytest.raises(InvalidInput, match=r"network.rules: .*neither a DNS name"):
+        normalize_rules({key: []})

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from . import eventlog, files, filesystem, init_secret, machine, process, volumes
+from . import eventlog, files, filesystem, init_secret, machine, process, trust, volumes
 from .connect import ConnectError, error_response, json_response, log_error
 from .reclaim import PROBES, IdleReclaimer
 from .state import STATE_KEY, AgentState, app_key, get_state
@@ -82,6 +82,14 @@ async def init(request: web.Request) -> web.Response:
     env_vars = body.get("envVars") or {}
     if isinstance(env_vars, dict):
         state.env_vars.update({str(k): str(v) for k, v in env_vars.items()})
+    if body.get("trustedCa") and not state.rootfs.is_host_root:
+        try:
+            found = await asyncio.to_thread(trust.trust, state.rootfs, str(body["trustedCa"]))
+        except OSError as err:
+            log_error(request, err)
+            return json_response({"code": 500, "message": f"init: {err}"}, status=500)
+        for name, value in found.items():
+            state.env_vars.setdefault(name, value)  # the sandbox's own settings win
     if body.get("accessToken"):
         state.access_token = str(body["accessToken"])
     if body.get("defaultUser"):

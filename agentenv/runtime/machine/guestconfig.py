@@ -20,10 +20,12 @@ def disk_template(record: SandboxRecord) -> str:
     return record.guest.get(DISK_TEMPLATE) or record.template_id
 
 
-async def init_agent(record: SandboxRecord, agent: AgentClient, gateway: str) -> None:
+async def init_agent(
+    record: SandboxRecord, agent: AgentClient, gateway: str, trusted_ca: str | None
+) -> None:
     """`/init` for a sandbox's guest: its token and env vars over its template's, the
-    template's user and directory as the defaults, a new clock reading and entropy, and
-    its volumes (served at its `gateway`) mounted."""
+    template's user and directory as the defaults, a new clock reading and entropy, its
+    volumes (served at its `gateway`) mounted, and the node's egress CA trusted."""
     guest = record.guest
     await agent.init(
         {**guest.get("env", {}), **record.env_vars},
@@ -31,6 +33,7 @@ async def init_agent(record: SandboxRecord, agent: AgentClient, gateway: str) ->
         user=guest.get("user") or None,
         workdir=guest.get("workdir") or None,
         volume_mounts=guest_mounts(record, gateway),
+        trusted_ca=trusted_ca,
     )
 
 

@@ -27,6 +27,7 @@ from .cleanup import CleanupStack
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from ...net.tunnels import EgressTunnels
     from .mounts import VolumeExports
 
 
@@ -49,6 +50,10 @@ class SandboxNetworks:
         self.egress = egress_policy(cfg.net)
         # The node's NFS exports, once the node has its volumes (`runtime/node/assembly.py`).
         self.exports: VolumeExports | None = None
+        # The node's egress CA (PEM), which its guests trust, once the node has one.
+        self.trusted_ca: str | None = None
+        # Listeners of sandboxes tunnelling their egress, once the node has its egress proxy.
+        self.tunnels: EgressTunnels | None = None
 
     def plan_for_slot(self, slot: int, sandbox_id: str = "-") -> NetworkPlan:
         net = self.cfg.net
@@ -74,6 +79,7 @@ class SandboxNetworks:
     async def apply(self, record: SandboxRecord) -> None:
         """Today's rules for a sandbox whose namespace is here (none: nothing to do)."""
         if self.exists(record):
+            await self._tunnel(record)
             await apply_policy(
                 self.plan(record), egress_rules(record), self.egress,
                 mounts_volumes=bool(record.volume_mounts),
@@ -84,6 +90,8 @@ class SandboxNetworks:
         """The namespace of a sandbox that was paused on another node is made here."""
         if not self.exists(record):
             await self._create(record)
+        else:
+            await self._tunnel(record)
 
     async def _create(self, record: SandboxRecord, cleanup: CleanupStack | None = None) -> None:
         plan = self.plan(record)
@@ -92,7 +100,26 @@ class SandboxNetworks:
         )
         if cleanup is not None:
             cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
+        await self._tunnel(record)
+        if cleanup is not None:
+            cleanup.push("tunnel", lambda: self.stop_tunnel(record))
         await self._export(record)
+
+    async def _tunnel(self, record: SandboxRecord) -> None:
+        """Its egress tunnel's listener when its `egressProxy` asks for one; else none."""
+        if self.tunnels is None:
+            return
+        if egress_rules(record).upstream is None:
+            self.tunnels.close(record.sandbox_id)
+        else:
+            plan = self.plan(record)
+            await self.tunnels.open(record.sandbox_id, plan.netns, plan.guest_gateway)
+
+    async def stop_tunnel(self, record: SandboxRecord) -> None:
+        """A sandbox that stopped running needs no listener (it would keep a deleted
+        namespace alive); a resume opens one again."""
+        if self.tunnels is not None:
+            self.tunnels.close(record.sandbox_id)
 
     async def released(self, record: SandboxRecord) -> None:
         """A removed sandbox's volumes are no longer exported to its address (its slot is

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -27,8 +28,10 @@ from ...images.pull import ImagePuller
 from ...images.registry import RegistryClient
 from ...images.snapshots import SnapshotRegistry
 from ...images.templates import TemplateRegistry
-from ...net.egressproxy import EgressProxy
+from ...net.authority import EgressAuthority
+from ...net.egressproxy import EgressProxy, upstream_context
 from ...net.netns import ensure_host_forwarding
+from ...net.tunnels import EgressTunnels
 from ...observe.metrics import CACHE, CAPACITY_MB, DISK_MB, SANDBOXES, set_counts
 from ...state.lifecycle import State
 from ...state.nodes import NodeRegistry
@@ -105,12 +108,13 @@ class Node:
         self._stack = stack
 
     @classmethod
-    async def open(cls, cfg: Config, upload_key: bytes | None = None, *, sealer: Sealer) -> Node:
-        """The node's runtime; `upload_key` signs build-file upload URLs (`BuildFiles`),
-        `sealer` holds the server key (`credentials/sealing.py`)."""
+    async def open(cls, cfg: Config, server_key: bytes | None = None, *, sealer: Sealer) -> Node:
+        """The node's runtime. `server_key`, shared by a cluster's nodes, signs build-file
+        upload URLs (`BuildFiles`) and seeds the egress CA; None: one of its own. `sealer`
+        seals hosted credentials at rest (`credentials/sealing.py`)."""
         stack = contextlib.AsyncExitStack()
         try:
-            return await cls._open(cfg, stack, upload_key, sealer)
+            return await cls._open(cfg, stack, server_key, sealer)
         except BaseException:
             await stack.aclose()
             raise
@@ -120,7 +124,7 @@ class Node:
         cls,
         cfg: Config,
         stack: contextlib.AsyncExitStack,
-        upload_key: bytes | None,
+        server_key: bytes | None,
         sealer: Sealer,
     ) -> Node:
         kit = load_kit(cfg)
@@ -175,11 +179,23 @@ class Node:
             boot_snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
         manager = SandboxManager(cfg, store, driver, kit, catalog, boot_snapshots)
         networks = manager.networks
+        authority = EgressAuthority(server_key or secrets.token_bytes(32))
+        networks.trusted_ca = authority.ca_pem
         egress_proxy = EgressProxy(
-            manager.routes.egress_rules_at, networks.egress, cfg.net.host_subnet
+            manager.routes.egress_at,
+            networks.egress,
+            cfg.net.host_subnet,
+            authority=authority,
+            header_values=credentials,
+            upstream_tls=upstream_context(cfg.net.egress_trusted_cas),
         )
         proxy_ports = await egress_proxy.start()
         stack.push_async_callback(egress_proxy.close)
+        networks.tunnels = EgressTunnels(
+            lambda sandbox_id: route.egress if (route := manager.routes.get(sandbox_id)) else None,
+            egress_proxy,
+        )
+        stack.push_async_callback(networks.tunnels.close_all)
         # Before any namespace's rules are written: they send guests to these ports.
         networks.egress = dataclasses.replace(networks.egress, proxy=proxy_ports)
         await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix, proxy_ports)
@@ -202,7 +218,7 @@ class Node:
         scanner = asyncio.create_task(uploads.run())
         stack.push_async_callback(_cancelled, scanner)
         builds = TemplateBuilds(
-            cfg, catalog, puller, manager.intake.capacity.max_vcpus, BuildFiles(objects, upload_key)
+            cfg, catalog, puller, manager.intake.capacity.max_vcpus, BuildFiles(objects, server_key)
         )
         stack.push_async_callback(builds.close)
         nodes = NodeRegistry(store.engine)

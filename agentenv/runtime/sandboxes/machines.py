@@ -134,7 +134,7 @@ class SandboxMachines:
     async def initialize_guest(self, record: SandboxRecord, agent: AgentClient) -> None:
         """Give a guest that has not run before the sandbox's environment and command."""
         guest = record.guest
-        await init_agent(record, agent, self.cfg.net.guest_gateway)
+        await init_agent(record, agent, self.cfg.net.guest_gateway, self.networks.trusted_ca)
         crash_point("create.initialized")
         if guest.get("command"):
             try:

@@ -89,6 +89,7 @@ class SandboxManager:
             self.adopt(record)
         else:
             self.routes.drop(record.sandbox_id)
+            await self.networks.stop_tunnel(record)
 
     async def operate(
         self,
@@ -241,6 +242,11 @@ class SandboxManager:
         record = await self.get(sandbox_id)
         end_at = now() + timedelta(seconds=self.intake.clamp_timeout(timeout))
         await self.store.update(record.sandbox_id, end_at=end_at)
+
+    async def set_auto_pause(self, sandbox_id: str, auto_pause: bool) -> None:
+        """Whether its timeout pauses the sandbox (true) or kills it."""
+        record = await self.get(sandbox_id)
+        await self.store.update(record.sandbox_id, auto_pause=auto_pause)
 
     async def refresh(self, sandbox_id: str, duration: int) -> None:
         """Keep-alive: extend the expiry to at least now + duration, never shorten it."""

@@ -45,6 +45,9 @@ class RouteTable:
         """Every running sandbox's route, as a list the caller may keep."""
         return list(self._routes.items())
 
-    def egress_rules_at(self, address: str) -> EgressRules | None:
-        """The egress rules of the running sandbox at namespace address `address`."""
-        return next((r.egress for r in self._routes.values() if r.host == address), None)
+    def egress_at(self, address: str) -> tuple[str, EgressRules] | None:
+        """The id and egress rules of the running sandbox at namespace address `address`."""
+        return next(
+            ((sandbox_id, r.egress) for sandbox_id, r in self._routes.items() if r.host == address),
+            None,
+        )

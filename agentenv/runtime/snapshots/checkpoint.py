@@ -112,4 +112,4 @@ async def provision_from_checkpoint(
     await manager.machines.save_vm(record, handle, kit)
     # A new clock reading, entropy of its own, its own access token and env vars; and
     # the defaults its template gives (a built template's final ENV, USER and WORKDIR).
-    await init_agent(record, agent, manager.cfg.net.guest_gateway)
+    await init_agent(record, agent, manager.cfg.net.guest_gateway, manager.networks.trusted_ca)

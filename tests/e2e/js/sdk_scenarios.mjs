@@ -269,6 +269,31 @@ async function lifecycle(sbx) {
   return out
 }
 
+// Every network setting of the SDK's, stored, shown (never the proxy's password) and
+// replaced by an update; the addresses are documentation ones: no traffic is sent.
+async function network() {
+  const out = {}
+  const rule = { transform: { headers: { 'X-Key': 'literal' } } }
+  const sbx = await Sandbox.create({
+    network: {
+      allowOut: ['192.0.2.10', 'api.site.test'],
+      denyOut: ['0.0.0.0/0'],
+      rules: { 'API.site.test': [rule] },
+      egressProxy: { address: '198.51.100.1:1080', username: 'u', password: 'p' },
+      allowPublicTraffic: true,
+      httpsPorts: [3000],
+    },
+  })
+  try {
+    out.created = (await sbx.getInfo()).network
+    await sbx.updateNetwork({ allowOut: ['192.0.2.11'], denyOut: ['0.0.0.0/0'], rules: { '*.site.test': [rule] } })
+    out.updated = (await sbx.getInfo()).network
+  } finally {
+    await sbx.kill()
+  }
+  return out
+}
+
 async function notFound() {
   const out = {}
   const missing = await expectReject(Sandbox.connect('inotasandbox00000000'), NotFoundError)
@@ -294,6 +319,7 @@ const SCENARIOS = {
   files: () => withSandbox(files),
   lifecycle: () => withSandbox(lifecycle),
   not_found: notFound,
+  network,
 }
 
 const name = process.argv[2]
