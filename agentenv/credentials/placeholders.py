@@ -9,6 +9,7 @@ a placeholder passes unchanged.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -21,6 +22,8 @@ from ..state.sandboxes import SandboxRecord
 from .identity import IdentitySettings, MintedToken, WorkloadIdentity
 from .sealing import Sealer, SealError
 from .vault import SecretVault
+
+log = logging.getLogger(__name__)
 
 SECRET = "secrets"
 
@@ -89,8 +92,9 @@ class Credentials:
     async def open(self) -> None:
         """Everything sealed with a former server key moves to the current one; the
         signing keys are made or rotated as due."""
-        await self.vault.reseal()
-        await self.identity.reseal()
+        moved = await self.vault.reseal() + await self.identity.reseal()
+        if moved:
+            log.info("credentials: %d sealed with a former server key, resealed", moved)
         await self.identity.maintain()
 
     async def resolve(self, sandbox_id: str, value: str) -> str:

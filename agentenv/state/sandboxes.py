@@ -109,16 +109,7 @@ class SandboxRecord:
 
 # Options a record keeps under the same name.
 _OPTION_FIELDS = tuple(f.name for f in fields(SandboxOptions) if f.name != "secure")
-_JSON_FIELDS = (
-    "metadata",
-    "env_vars",
-    "vm",
-    "guest",
-    "layers",
-    "network",
-    "volume_mounts",
-    "iam",
-)
+_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers", "network", "volume_mounts", "iam")
 _TIME_FIELDS = ("started_at", "end_at")
 _COLUMNS = [f.name for f in fields(SandboxRecord)]
 _MIGRATIONS = Path(__file__).with_name("migrations")

@@ -26,9 +26,10 @@ from agentenv.net.policy import EgressPolicy
 from agentenv.net.rules import egress_of
 from agentenv.net.transforms import normalize_rules
 from agentenv.state.credentials import SqlSecretStore, SqlSigningKeyStore
-from agentenv.state.sandboxes import SandboxRecord, open_engine
+from agentenv.state.sandboxes import open_engine
 
 from ..credentials.test_identity import sandbox as sandbox_record
+from ..credentials.test_placeholders import Sandboxes
 from ..netlab import Lab, echo_server, peer, random_slash30, serving, sh, site_certificates
 from .standin import sandbox
 
@@ -194,7 +195,7 @@ async def test_placeholders_resolve_to_hosted_credentials(
     credentials = Credentials(
         SecretVault(SqlSecretStore(engine), sealer),
         WorkloadIdentity(SqlSigningKeyStore(engine), sealer, settings),
-        Lookup(record),
+        Sandboxes(record),
     )
     await credentials.vault.create("k", "s3cr3t-value", {})
     headers = {"X-Key": "${e2b.secrets.K}", "Authorization": "Bearer ${e2b.identity.tokens.aws}"}
@@ -252,13 +253,3 @@ async def test_placeholders_resolve_to_hosted_credentials(
             await proxy.close()
             await ensure_host_forwarding(network[1], network[0])
             await engine.dispose()
-
-
-class Lookup:
-    """The node's records, as the resolver looks them up: this one sandbox."""
-
-    def __init__(self, record: SandboxRecord) -> None:
-        self.record = record
-
-    async def get(self, sandbox_id: str) -> SandboxRecord | None:
-        return self.record if sandbox_id == self.record.sandbox_id else None
