@@ -321,6 +321,16 @@ class SandboxMetric(BaseModel):
     hostMemUsed: int | None = None
 
 
+# E2B's bound on one request for many sandboxes' metrics.
+MAX_METRICS_SANDBOXES = 100
+
+
+class SandboxesWithMetrics(BaseModel):
+    """Answer to `GET /sandboxes/metrics`: each sandbox's metric now, by sandbox id."""
+
+    sandboxes: dict[str, SandboxMetric]
+
+
 class SandboxLogEntry(BaseModel):
     timestamp: datetime
     level: LogLevel

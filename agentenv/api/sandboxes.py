@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, cast
 from fastapi import APIRouter, Depends, Response
 
 from ..config import Config
-from ..errors import InvalidInput, error_answer
+from ..errors import InvalidInput, NotFound, Unavailable, error_answer
 from ..guest.agent import ENVD_VERSION
 from ..images.pull import default_name
 from ..images.reference import parse_reference
@@ -31,6 +31,7 @@ from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
 from .errors import ERROR_RESPONSES
 from .listing import CLIENT_ID, ListQuery, list_query, listed_fields, listed_page, running_listed
 from .models import (
+    MAX_METRICS_SANDBOXES,
     Balloon,
     BalloonBody,
     ConnectBody,
@@ -46,6 +47,7 @@ from .models import (
     ResumeBody,
     Sandbox,
     SandboxDetail,
+    SandboxesWithMetrics,
     SandboxMetric,
     SandboxNetwork,
     TimeoutBody,
@@ -201,6 +203,25 @@ def _with_host_memory(node: Node, listed: list[ListedSandbox]) -> list[ListedSan
     return listed
 
 
+@router.get("/sandboxes/metrics", response_model_exclude_none=True)
+async def many_sandboxes_metrics(node: NodeDep, sandbox_ids: str) -> SandboxesWithMetrics:
+    """A sample taken now of each listed sandbox running here (E2B's `sandbox_ids`, comma
+    separated, at most 100); others are left out."""
+    ids = list(dict.fromkeys(filter(None, (i.strip() for i in sandbox_ids.split(",")))))
+    if not 0 < len(ids) <= MAX_METRICS_SANDBOXES:
+        raise InvalidInput(f"sandbox_ids: 1 to {MAX_METRICS_SANDBOXES} sandbox ids")
+    found = {}
+    for sandbox_id in ids:
+        try:
+            sample = await node.manager.metrics(sandbox_id)
+        except (NotFound, Unavailable):
+            continue  # gone, or its guest did not answer: left out, as not running
+        if sample is not None:
+            host = await node.memory.host_footprint(sandbox_id)
+            found[sandbox_id] = _metric(sample, host.pss if host is not None else None)
+    return SandboxesWithMetrics(sandboxes=found)
+
+
 @router.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
 async def get_sandbox(manager: ManagerDep, cfg: ConfigDep, sandbox_id: str) -> SandboxDetail:
     return sandbox_detail(await manager.get(sandbox_id), public_domain(cfg))
@@ -324,21 +345,22 @@ async def sandbox_metrics(
         await manager.get(sandbox_id)  # 404 for an unknown sandbox, as with a fresh sample
     samples = manager.metrics_history.between(sandbox_id, start, end)
     host = await node.memory.host_footprint(sandbox_id) if samples else None
-    return [
-        SandboxMetric(
-            timestamp=datetime.fromtimestamp(int(s["ts"]), UTC),
-            timestampUnix=int(s["ts"]),
-            cpuCount=s["cpu_count"],
-            cpuUsedPct=s["cpu_used_pct"],
-            memUsed=s["mem_used"],
-            memTotal=s["mem_total"],
-            memCache=s.get("mem_cache", 0),
-            diskUsed=s["disk_used"],
-            diskTotal=s["disk_total"],
-            hostMemUsed=host.pss if host is not None else None,
-        )
-        for s in samples
-    ]
+    return [_metric(s, host.pss if host is not None else None) for s in samples]
+
+
+def _metric(sample: dict[str, Any], host_bytes: int | None) -> SandboxMetric:
+    return SandboxMetric(
+        timestamp=datetime.fromtimestamp(int(sample["ts"]), UTC),
+        timestampUnix=int(sample["ts"]),
+        cpuCount=sample["cpu_count"],
+        cpuUsedPct=sample["cpu_used_pct"],
+        memUsed=sample["mem_used"],
+        memTotal=sample["mem_total"],
+        memCache=sample.get("mem_cache", 0),
+        diskUsed=sample["disk_used"],
+        diskTotal=sample["disk_total"],
+        hostMemUsed=host_bytes,
+    )
 
 
 @router.get("/sandboxes/{sandbox_id}/balloon")

@@ -28,7 +28,7 @@ from ..api.errors import error_response, install_error_handlers
 from ..api.identity import public_router
 from ..api.limits import BodyLimit
 from ..api.listing import ListQuery, list_query, listed_page, running_listed
-from ..api.models import ListedSandbox, SandboxDetail
+from ..api.models import ListedSandbox, SandboxDetail, SandboxesWithMetrics
 from ..api.sandboxes import public_domain, sandbox_detail
 from ..api.volumes import CONTENT
 from ..config import Config
@@ -155,6 +155,13 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     @protected.get("/sandboxes")
     async def list_sandboxes_v1(plane: Plane, metadata: str | None = None) -> list[ListedSandbox]:
         return running_listed(await plane.visible_sandboxes(), metadata)
+
+    @protected.get("/sandboxes/metrics", response_model_exclude_none=True)
+    async def many_sandboxes_metrics(
+        plane: Plane, request: Request, sandbox_ids: str
+    ) -> SandboxesWithMetrics:
+        """Asked of each node that runs some of them; merged."""
+        return await plane.metrics_of(sandbox_ids, _forwarded(request.headers.raw))
 
     @protected.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
     async def get_sandbox(plane: Plane, sandbox_id: str) -> SandboxDetail:

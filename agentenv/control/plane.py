@@ -17,8 +17,9 @@ from collections.abc import Mapping
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ..api.models import MAX_METRICS_SANDBOXES, SandboxesWithMetrics, SandboxMetric
 from ..config import Config
-from ..errors import NotFound, Unavailable
+from ..errors import InvalidInput, NotFound, Unavailable
 from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
 from ..state.lifecycle import Event, allows
@@ -85,6 +86,31 @@ class ControlPlane:
         if owner is not None and owner.state.holds_sandboxes and not movable:
             return owner  # it finishes there (a draining node)
         return await self._move(record, headers)
+
+    async def metrics_of(
+        self, sandbox_ids: str, headers: Mapping[str, str]
+    ) -> SandboxesWithMetrics:
+        """`GET /sandboxes/metrics` of each node running some of `sandbox_ids`, merged."""
+        ids = [i.strip() for i in sandbox_ids.split(",") if i.strip()]
+        if not 0 < len(set(ids)) <= MAX_METRICS_SANDBOXES:
+            raise InvalidInput(f"sandbox_ids: 1 to {MAX_METRICS_SANDBOXES} sandbox ids")
+        owners = await self.sandboxes.owners(ids)
+        by_node: dict[str, list[str]] = {}
+        for sandbox_id, node_name in owners.items():
+            by_node.setdefault(node_name, []).append(sandbox_id)
+        found: dict[str, SandboxMetric] = {}
+        for node_name, held in by_node.items():
+            node = await self.nodes.get(node_name)
+            if node is None or not node.state.holds_sandboxes:
+                continue
+            answer = await self.client.get(
+                f"{node.url}/sandboxes/metrics",
+                params={"sandbox_ids": ",".join(held)},
+                headers=dict(headers),
+            )
+            if answer.status_code == 200:
+                found |= SandboxesWithMetrics.model_validate(answer.json()).sandboxes
+        return SandboxesWithMetrics(sandboxes=found)
 
     async def visible_sandboxes(self) -> list[SandboxRecord]:
         """Every node's sandboxes as their users see them: one being killed is gone."""

@@ -358,6 +358,8 @@ def test_network_settings_through_the_control_url(cluster: Cluster) -> None:
         assert shown["allowOut"] == ["192.0.2.10"]
         assert "rules" not in shown and "egressProxy" not in shown
         assert sandbox.commands.run("echo still here").stdout == "still here\n"
+        metrics = cluster.api.get("/sandboxes/metrics", params={"sandbox_ids": sandbox.sandbox_id})
+        assert list(metrics.json()["sandboxes"]) == [sandbox.sandbox_id]
     finally:
         sandbox.kill()
 

@@ -131,6 +131,20 @@ def test_set_timeout_and_refresh(server: LiveServer, vms: VmFactory) -> None:
     kill(server, sid)
 
 
+def test_metrics_of_many_sandboxes(server: LiveServer, vms: VmFactory) -> None:
+    """E2B's `GET /sandboxes/metrics`: a sample now of each listed running sandbox."""
+    sid = vms.create(server)["sandboxID"]
+    with server.client() as api:
+        answer = api.get("/sandboxes/metrics", params={"sandbox_ids": f"{sid},inotasandbox"})
+        assert answer.status_code == 200, answer.text
+        metrics = answer.json()["sandboxes"]
+        assert list(metrics) == [sid]
+        assert metrics[sid]["memTotal"] > 0 and metrics[sid]["cpuCount"] >= 1
+        for bad in ("", ",".join(f"i{n}" for n in range(101))):
+            assert api.get("/sandboxes/metrics", params={"sandbox_ids": bad}).status_code == 400
+    kill(server, sid)
+
+
 def test_restart_readopts_live_sandbox(fresh_server: LiveServer, vms: VmFactory) -> None:
     fresh_server.start()
     sandbox = vms.create(fresh_server)
