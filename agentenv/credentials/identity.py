@@ -71,6 +71,12 @@ class IdentitySettings:
         if not issuer:
             domain = cfg.server.domain
             issuer = f"https://api.{domain}" if domain else cfg.advertise_url.rstrip("/")
+            if not domain and cfg.server.role != "all":
+                log.warning(
+                    "identity.issuer is unset: this process's address %s stands in,"
+                    " but a cluster needs one issuer (the control URL)",
+                    issuer,
+                )
         parts = urlsplit(issuer)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"identity.issuer {issuer!r}: an http(s) URL")
