@@ -41,6 +41,10 @@ class ServerConfig:
     advertise_url: str = ""
     # "text", or "json": one object per line with time, level, logger, request id, message.
     log_format: str = "text"
+    # Seals hosted secrets and identity signing keys at rest; empty: derived from the API
+    # key. Former keys, comma-separated, still open what they sealed (docs/security.md).
+    secrets_key: str = ""
+    secrets_old_keys: str = ""
 
 
 @dataclass
@@ -210,6 +214,21 @@ class ClusterConfig:
 
 
 @dataclass
+class IdentityConfig:
+    # The `iss` of workload identity tokens, where verifiers find its keys; empty:
+    # https://api.DOMAIN with server.domain, else the advertise URL. One per cluster.
+    issuer: str = ""
+    # SPIFFE trust domain of the tokens' `sub`; empty: the issuer's host.
+    trust_domain: str = ""
+    # Seconds a minted token is valid.
+    token_ttl: int = 300
+    # Seconds between automatic signing key rotations; 0: only `aenv identity rotate`.
+    rotation_period: float = 30 * 86400.0
+    # Seconds a new signing key is published before it signs (verifiers' caches refresh).
+    publish_ahead: float = 3600.0
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -222,6 +241,7 @@ class Config:
     cache: CacheConfig = field(default_factory=CacheConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    identity: IdentityConfig = field(default_factory=IdentityConfig)
 
     @property
     def home(self) -> Path:

@@ -18,7 +18,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("ground", {"config", "errors", "observe", "wire", "crashpoints"}),
     ("host resources", {"vmm", "guest", "storage", "net"}),
     ("state store", {"state"}),
-    ("images and volumes", {"images", "volumes"}),
+    ("images, volumes and credentials", {"images", "volumes", "credentials"}),
     ("runtime: one machine, memory accounting", {"runtime.machine", "runtime.memory"}),
     ("runtime: sandboxes", {"runtime.sandboxes"}),
     ("runtime: snapshots", {"runtime.snapshots"}),

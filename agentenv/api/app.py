@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, FastAPI, Response
 from fastapi.responses import PlainTextResponse
 
 from ..config import Config
+from ..credentials.sealing import server_sealer
 from ..images.buildfiles import signing_key
 from ..observe.logs import RequestIds
 from ..observe.metrics import CONTENT_TYPE, exposition
@@ -20,8 +21,10 @@ from ..runtime.sandboxes.routes import Route
 from ..state.idempotency import SqlKeyStore
 from . import (
     builds,
+    identity,
     sandboxes,
     sandboxlogs,
+    secrets,
     snapshots,
     storage,
     templates,
@@ -44,7 +47,7 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        node = await Node.open(cfg, signing_key(api_key))
+        node = await Node.open(cfg, signing_key(api_key), sealer=server_sealer(cfg, api_key))
         app.state.node = node
         app.state.idempotency = SqlKeyStore(node.nodes.engine)
         try:
@@ -85,8 +88,12 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
     protected.include_router(templates.router)
     protected.include_router(builds.router)
     protected.include_router(volumes.router)
+    protected.include_router(secrets.router)
+    protected.include_router(identity.router)
     protected.include_router(teams_router(api_key))
     app.include_router(protected)
+    # What verifiers of workload identity tokens fetch: public, as OIDC's are.
+    app.include_router(identity.public_router(identity.node_keys))
     # The volume's own token is the credential, not the API key.
     app.include_router(volumes.content)
     # Signed in their URL, as presigned uploads are: the SDKs send them no API key.

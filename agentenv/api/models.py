@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..credentials.identity import TOKEN_TYPES
+from ..credentials.vault import usable_name
 from ..images.builds import LogLevel
 from ..net.rules import MAX_ENTRIES as MAX_RULES
 from .limits import MAX_ENTRIES, PRINTABLE, EnvVars, HeaderValues, Metadata
@@ -109,6 +111,34 @@ class VolumeMount(BaseModel):
     path: str = Field(min_length=1, max_length=1024)
 
 
+class IamToken(_Request):
+    """A workload identity token the sandbox's egress may have minted."""
+
+    audience: str = Field(min_length=1, max_length=1024, pattern=PRINTABLE)
+    tokenType: str = Field(max_length=64)
+
+    @field_validator("tokenType")
+    @classmethod
+    def _known_type(cls, token_type: str) -> str:
+        if token_type not in TOKEN_TYPES:
+            raise ValueError(f"token type {token_type[:64]!r} is not available: use JWT-SVID")
+        return token_type
+
+
+class SandboxIam(_Request):
+    """E2B's `iam`: the tokens `${e2b.identity.tokens.NAME}` stands for in its egress."""
+
+    tokens: dict[str, IamToken] = Field(default_factory=dict, max_length=64)
+
+    @field_validator("tokens")
+    @classmethod
+    def _usable_names(cls, tokens: dict[str, IamToken]) -> dict[str, IamToken]:
+        for name in tokens:
+            if len(name) > 128 or not usable_name(name):
+                raise ValueError("token names: 1 to 128 characters, no '{', '}' or control ones")
+        return tokens
+
+
 class NewSandbox(_Request):
     """Body of `POST /sandboxes` and `POST /v2/sandboxes`."""
 
@@ -130,6 +160,7 @@ class NewSandbox(_Request):
     # Named volumes to mount at paths in the guest (`docs/volumes.md`).
     volumeMounts: list[VolumeMount] | None = Field(default=None, max_length=MAX_ENTRIES)
     network: SandboxNetwork | None = None
+    iam: SandboxIam | None = None
 
 
 class TimeoutBody(_Request):

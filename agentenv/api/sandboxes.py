@@ -122,6 +122,8 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
             auto_resume=auto_resume,
             network=network_option(body.network, body.allow_internet_access),
             volume_mounts=await resolve_mounts(node.volumes, mounts),
+            # Only a non-empty `tokens` map turns workload identity on (E2B's rule).
+            iam=body.iam.model_dump() if body.iam and body.iam.tokens else {},
         ),
     )
     record = await node.create(request)

@@ -9,7 +9,17 @@ from typing import Any
 
 import httpx
 
-from agentenv.cli import build, cluster, commands, doctor, files, host, snapshots, templates
+from agentenv.cli import (
+    build,
+    cluster,
+    commands,
+    doctor,
+    files,
+    host,
+    identity,
+    snapshots,
+    templates,
+)
 from agentenv.cli.client import ApiError, ServerUnreachable
 from agentenv.cli.context import CliError, Context
 from agentenv.guest.rpc import ConnectError
@@ -189,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NODE")
     p = _add(group_sub, "rm", cluster.cmd_node_rm, "forget a node")
     p.add_argument("name", metavar="NODE")
+
+    group = sub.add_parser(
+        "identity", help="workload identity keys", description="workload identity keys"
+    )
+    group_sub = group.add_subparsers(dest="identity_command", metavar="COMMAND", required=True)
+    p = _add(group_sub, "keys", identity.cmd_identity_keys, "list the token signing keys")
+    p.add_argument("-o", "--output", choices=("table", "json"))
+    _add(group_sub, "rotate", identity.cmd_identity_rotate, "make a new signing key")
 
     p = _add(sub, "server", host.cmd_server, "run the API server")
     p.add_argument("--host", help="listen address (default from config)")

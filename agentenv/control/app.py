@@ -1,10 +1,11 @@
 """`aenv server --role control`: the E2B-compatible API and data plane in front of nodes.
 
-Lists and sandbox details are answered from the state store; a create goes to the node
-placement picks; an operation on a sandbox goes to the node that holds it (moving a
-paused one off a lost or draining node first); anything else (templates, builds,
-snapshot lists) goes to one live node. Sandbox traffic (header, host or `/proxy/` path
-addressed) is relayed to the owning node's proxy in the path form, streamed both ways.
+Lists, sandbox details and the identity JWKS are answered from the state store; a create
+goes to the node placement picks; an operation on a sandbox goes to the node that holds it
+(moving a paused one off a lost or draining node first); anything else (templates,
+builds, snapshot lists, secrets) goes to one live node. Sandbox traffic (header, host or
+`/proxy/` path addressed) is relayed to the owning node's proxy in the path form,
+streamed both ways.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from ..api.auth import ApiKeyAuth, load_or_create_api_key
 from ..api.builds import UPLOADS
 from ..api.errors import error_response, install_error_handlers
 from ..api.idempotency import CONTROL, IdempotentOperations
+from ..api.identity import public_router
 from ..api.limits import BodyLimit
 from ..api.listing import ListQuery, list_query, listed_page, running_listed
 from ..api.models import ListedSandbox, SandboxDetail, SandboxesWithMetrics
 from ..api.sandboxes import public_domain, sandbox_detail
 from ..api.volumes import CONTENT
 from ..config import Config
+from ..credentials.identity import IdentitySettings, PublicKeys
 from ..errors import ErrorAnswer, NotFound
 from ..observe.logs import RequestIds
 from ..observe.metrics import (
@@ -45,6 +48,7 @@ from ..proxy.router import refuse, target_of
 from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
 from ..proxy.target import ROUTING_HEADERS, BadTarget
 from ..proxy.websocket import bridge_websocket
+from ..state.credentials import SqlSigningKeyStore
 from ..state.idempotency import SqlKeyStore
 from ..state.lifecycle import State
 from ..state.nodes import NodeEvent, NodeInfo, NodeState
@@ -76,6 +80,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = await open_engine(cfg.state_url)
+        app.state.identity = PublicKeys(SqlSigningKeyStore(engine), identity_settings)
         timeout = httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0)
         async with httpx.AsyncClient(trust_env=False, timeout=timeout) as client:
             plane = ControlPlane(cfg, engine, client)
@@ -90,6 +95,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
                     await watcher
                 await engine.dispose()
 
+    identity_settings = IdentitySettings.of(cfg)
     app = FastAPI(title="AgentENV control plane", version="0.1.0", lifespan=lifespan)
     # A client's key is honoured here too (then passed on to the node): a retry of a
     # request whose relay is lost, or whose control replica died, finds its answer.
@@ -115,6 +121,8 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
         set_counts(SANDBOXES, sandboxes, tuple(state.value for state in State))
         return Response(exposition(), media_type=CONTENT_TYPE)
 
+    # Verifiers of workload identity tokens: from the store, with no node and no API key.
+    app.include_router(public_router(lambda request: request.app.state.identity))
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
 
     @protected.get("/nodes")

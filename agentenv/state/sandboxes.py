@@ -45,6 +45,8 @@ class SandboxOptions:
     network: dict[str, Any] = field(default_factory=dict)
     # Volumes to mount, checked: [{name, volumeID, path}] (`runtime/machine/mounts.py`).
     volume_mounts: list[dict[str, str]] = field(default_factory=list)
+    # Workload identity tokens it may have minted: {"tokens": {name: {audience, tokenType}}}.
+    iam: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, record: SandboxRecord) -> SandboxOptions:
@@ -101,6 +103,8 @@ class SandboxRecord:
     traffic_token: str | None = None
     # Volumes mounted into it: [{"name", "volumeID", "path"}] (`runtime/machine/mounts.py`).
     volume_mounts: list[dict[str, str]] = field(default_factory=list)
+    # Its workload identity tokens (`credentials/identity.py`): definitions, nothing secret.
+    iam: dict[str, Any] = field(default_factory=dict)
     # Its guest agent did not answer when its last pause saved its memory (E2B's
     # `envdUnresponsiveAtPause`): restoring that memory would bring the silent agent back.
     agent_unresponsive_at_pause: bool = False
@@ -113,7 +117,7 @@ class SandboxRecord:
 
 # Options a record keeps under the same name.
 _OPTION_FIELDS = tuple(f.name for f in fields(SandboxOptions) if f.name != "secure")
-_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers", "network", "volume_mounts")
+_JSON_FIELDS = ("metadata", "env_vars", "vm", "guest", "layers", "network", "volume_mounts", "iam")
 _TIME_FIELDS = ("started_at", "end_at")
 _COLUMNS = [f.name for f in fields(SandboxRecord)]
 _MIGRATIONS = Path(__file__).with_name("migrations")

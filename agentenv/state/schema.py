@@ -42,6 +42,8 @@ sandboxes = sa.Table(
     sa.Column("traffic_token", sa.Text),
     # Volumes mounted into it: [{"name", "volumeID", "path"}].
     sa.Column("volume_mounts", sa.Text, nullable=False, server_default="[]"),
+    # Its workload identity tokens as created: {"tokens": {name: {audience, tokenType}}}.
+    sa.Column("iam", sa.Text, nullable=False, server_default="{}"),
     sa.Column("agent_unresponsive_at_pause", sa.Boolean, nullable=False, server_default=sa.false()),
     # A network slot is a node's: two nodes may both use slot 0.
     sa.UniqueConstraint("node", "slot", name="sandboxes_node_slot"),
@@ -92,4 +94,40 @@ idempotency_keys = sa.Table(
     sa.Column("status", sa.Integer),
     sa.Column("body", sa.LargeBinary),
     sa.Column("created_at", sa.Float, nullable=False, index=True),
+)
+
+# Hosted credentials (`credentials/vault.py`). Only the current version's value is kept,
+# sealed with the server key named by `key_id` (kept beside it so that key can rotate).
+# Times are ISO 8601 text in UTC with microseconds, so they sort as text.
+secrets = sa.Table(
+    "secrets",
+    metadata,
+    sa.Column("secret_id", sa.Text, primary_key=True),
+    # Lower case; never starts with "sec_", the ids' prefix.
+    sa.Column("name", sa.Text, nullable=False, unique=True),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("metadata", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Text, nullable=False),
+    sa.Column("key_id", sa.Text, nullable=False),
+    sa.Column("sealed", sa.LargeBinary, nullable=False),
+)
+
+# The keys workload identity tokens are signed with (`credentials/identity.py`): each is
+# published from its creation, signs from `active_at` until the next generation's, and
+# is published until the last token it signed has expired.
+signing_keys = sa.Table(
+    "signing_keys",
+    metadata,
+    sa.Column("kid", sa.Text, primary_key=True),
+    # 1, 2, ...: unique, so two nodes rotating at once make one new key.
+    sa.Column("generation", sa.Integer, nullable=False, unique=True),
+    sa.Column("algorithm", sa.Text, nullable=False),
+    # The public key as a JWK (JSON): the control plane serves it without the server key.
+    sa.Column("public_jwk", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("active_at", sa.Float, nullable=False),
+    # The private key (PKCS#8 DER) sealed with the server key `key_id`.
+    sa.Column("key_id", sa.Text, nullable=False),
+    sa.Column("sealed", sa.LargeBinary, nullable=False),
 )

@@ -13,7 +13,7 @@ import e2b.api.client.models as sdk_models
 import pytest
 from pydantic import BaseModel
 
-from agentenv.api import builds, models, templatetags
+from agentenv.api import builds, models, secrets, templatetags
 
 # SDK request body -> our model of it.
 REQUESTS: dict[str, type[BaseModel]] = {
@@ -43,6 +43,10 @@ REQUESTS: dict[str, type[BaseModel]] = {
     "GCPRegistry": builds.GcpRegistry,
     "AssignTemplateTagsRequest": templatetags.AssignTags,
     "DeleteTemplateTagsRequest": templatetags.DeleteTags,
+    "SandboxIam": models.SandboxIam,
+    "SandboxIamToken": models.IamToken,
+    "NewSecret": secrets.NewSecret,
+    "SecretUpdate": secrets.SecretUpdate,
 }
 
 # Maps of free keys (their values are checked by the model holding them), answers
@@ -64,13 +68,13 @@ NOT_REQUESTS = {
     "TemplateTagGroup", "TemplateTagGroupsResponse", "TemplateTagsCountResponse",
     "TemplateUpdateResponse", "TemplateWithBuilds", "TeamUser", "Volume", "VolumeAndToken",
     "Secret",
-    # Bodies of routes other engineers are adding (issue 24): workload identity, secrets,
-    # template publishing. Each moves to REQUESTS with its route.
-    "SandboxIam", "SandboxIamToken", "NewSecret", "SecretUpdate", "TemplateUpdateRequest",
+    # Bodies of routes other engineers are adding (issue 24): template publishing. Each
+    # moves to REQUESTS with its route.
+    "TemplateUpdateRequest",
 }  # fmt: skip
 
-# Fields of bodies we model whose feature is being added (issue 24: workload identity).
-PENDING = {"NewSandbox": {"iam"}, "NewSandboxV2": {"iam"}}
+# Fields of bodies we model whose feature is being added (none now).
+PENDING: dict[str, set[str]] = {}
 
 
 def _sdk_classes() -> dict[str, type]:

@@ -12,15 +12,24 @@ from contextlib import ExitStack
 from ipaddress import IPv4Address
 from pathlib import Path
 
+import jwt
 import pytest
 
+from agentenv.credentials.identity import IdentitySettings, WorkloadIdentity
+from agentenv.credentials.placeholders import Credentials
+from agentenv.credentials.sealing import Sealer, derive_key
+from agentenv.credentials.vault import SecretVault
 from agentenv.net.authority import EgressAuthority
 from agentenv.net.egressproxy import EgressProxy, upstream_context
 from agentenv.net.netns import apply_policy, ensure_host_forwarding
 from agentenv.net.policy import EgressPolicy
 from agentenv.net.rules import egress_of
 from agentenv.net.transforms import normalize_rules
+from agentenv.state.credentials import SqlSecretStore, SqlSigningKeyStore
+from agentenv.state.sandboxes import open_engine
 
+from ..credentials.test_identity import sandbox as sandbox_record
+from ..credentials.test_placeholders import Sandboxes
 from ..netlab import Lab, echo_server, peer, random_slash30, serving, sh, site_certificates
 from .standin import sandbox
 
@@ -172,3 +181,75 @@ async def test_an_unresolved_placeholder_is_a_502_not_a_leak(
         finally:
             await proxy.close()
             await ensure_host_forwarding(network[1], network[0])
+
+
+async def test_placeholders_resolve_to_hosted_credentials(
+    network: tuple[str, str], around: Lab, upstream_ca: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A node's credentials as the resolver: the guest's request leaves with the secret's
+    value and a token minted for its sandbox, neither of which the guest ever held."""
+    engine = await open_engine(f"sqlite:///{tmp_path / 'state.db'}")
+    settings = IdentitySettings("https://aenv.example.test", "aenv.example.test", 300, 0, 60)
+    sealer = Sealer(derive_key("a node's server key for the test"))
+    record = sandbox_record("sandbox")
+    credentials = Credentials(
+        SecretVault(SqlSecretStore(engine), sealer),
+        WorkloadIdentity(SqlSigningKeyStore(engine), sealer, settings),
+        Sandboxes(record),
+    )
+    await credentials.vault.create("k", "s3cr3t-value", {})
+    headers = {"X-Key": "${e2b.secrets.K}", "Authorization": "Bearer ${e2b.identity.tokens.aws}"}
+    rules = egress_of(
+        {"rules": normalize_rules({"api.site.test": [{"transform": {"headers": headers}}]})}, True
+    )
+    ca, web_certificate = upstream_ca
+    authority = EgressAuthority(b"test node key")
+    guest_ca = tmp_path / "egress-ca.pem"
+    guest_ca.write_text(authority.ca_pem)
+    with ExitStack() as stack:
+        stack.enter_context(echo_server(around.internet.netns, web_certificate))
+        at = stack.enter_context(peer(random_slash30("192.168.204.0/24")))
+        stack.enter_context(
+            serving(around.internet.ip, kind="dns", netns=at.netns, address=at.ip, port=53)
+        )
+        policy = EgressPolicy(dns_server=IPv4Address(at.ip))
+        proxy = EgressProxy(
+            lambda address: ("sandbox", rules),
+            policy,
+            network[1],
+            authority=authority,
+            header_values=credentials,
+            upstream_tls=upstream_context(str(ca)),
+        )
+        ports = await proxy.start()
+        try:
+            async with sandbox(network, 11, rules=rules) as (plan, guest):
+                await ensure_host_forwarding(network[1], network[0], ports)
+                await apply_policy(plan, rules, dataclasses.replace(policy, proxy=ports))
+
+                async def call() -> list[dict[str, object]]:
+                    answers = await asyncio.to_thread(
+                        requests_from, guest, "192.0.2.1", "api.site.test", str(guest_ca)
+                    )
+                    assert isinstance(answers, list)
+                    return answers
+
+                seen = json.loads(str((await call())[0]["body"]))["headers"]
+                assert seen["x-key"] == "s3cr3t-value"
+                token = seen["authorization"].removeprefix("Bearer ")
+                keys = jwt.PyJWKSet.from_dict(await credentials.identity.jwks())
+                claims = jwt.decode(
+                    token,
+                    keys[jwt.get_unverified_header(token)["kid"]],
+                    algorithms=["ES256"],
+                    audience="sts.amazonaws.com",
+                )
+                assert claims["sub"] == "spiffe://aenv.example.test/sandbox/sandbox"
+                # A deleted secret stops its use: the request does not leave.
+                await credentials.vault.delete("k")
+                refused = (await call())[0]
+                assert refused["status"] == 502 and "${e2b.secrets.K}" in str(refused["body"])
+        finally:
+            await proxy.close()
+            await ensure_host_forwarding(network[1], network[0])
+            await engine.dispose()

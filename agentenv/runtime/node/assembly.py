@@ -15,6 +15,9 @@ from ipaddress import IPv4Address
 from pathlib import Path
 
 from ...config import Config
+from ...credentials.identity import IdentitySettings
+from ...credentials.placeholders import Credentials
+from ...credentials.sealing import Sealer
 from ...errors import NotFound, PermanentlyUnavailable
 from ...guest.kit import load_kit
 from ...images.builder import TemplateBuilds
@@ -28,7 +31,6 @@ from ...images.templates import TemplateRegistry
 from ...net.authority import EgressAuthority
 from ...net.egressproxy import EgressProxy, upstream_context
 from ...net.netns import ensure_host_forwarding
-from ...net.transforms import LiteralValues
 from ...net.tunnels import EgressTunnels
 from ...observe.metrics import CACHE, CAPACITY_MB, DISK_MB, SANDBOXES, set_counts
 from ...state.lifecycle import State
@@ -82,6 +84,7 @@ class Node:
         stack: contextlib.AsyncExitStack,
         nodes: NodeRegistry,
         volumes: Volumes,
+        credentials: Credentials,
         warm_pool: WarmPool | None = None,
     ) -> None:
         self.cfg = cfg
@@ -98,24 +101,31 @@ class Node:
         self.puller = puller
         self.builds = builds
         self.volumes = volumes
+        # Secrets, workload identity, and the egress proxy's `HeaderValues` (`resolve`).
+        self.credentials = credentials
         self.memory = MemoryKeeper(manager, self.pauses.pause)
         builds.host = NodeBuildHost(self.create, snapshots)
         self._stack = stack
 
     @classmethod
-    async def open(cls, cfg: Config, server_key: bytes | None = None) -> Node:
+    async def open(cls, cfg: Config, server_key: bytes | None = None, *, sealer: Sealer) -> Node:
         """The node's runtime. `server_key`, shared by a cluster's nodes, signs build-file
-        upload URLs (`BuildFiles`) and seeds the egress CA; None: one of its own."""
+        upload URLs (`BuildFiles`) and seeds the egress CA; None: one of its own. `sealer`
+        seals hosted credentials at rest (`credentials/sealing.py`)."""
         stack = contextlib.AsyncExitStack()
         try:
-            return await cls._open(cfg, stack, server_key)
+            return await cls._open(cfg, stack, server_key, sealer)
         except BaseException:
             await stack.aclose()
             raise
 
     @classmethod
     async def _open(
-        cls, cfg: Config, stack: contextlib.AsyncExitStack, server_key: bytes | None
+        cls,
+        cfg: Config,
+        stack: contextlib.AsyncExitStack,
+        server_key: bytes | None,
+        sealer: Sealer,
     ) -> Node:
         kit = load_kit(cfg)
         if kit is None:
@@ -148,6 +158,8 @@ class Node:
         )
         store = await SqlSandboxStore.open(cfg.state_url, cfg.node_name)
         stack.push_async_callback(store.close)
+        credentials = Credentials.on(store.engine, store, sealer, IdentitySettings.of(cfg))
+        await credentials.open()
         driver = QemuDriver(
             cfg.vmm.qemu_binary,
             accel.name,
@@ -176,7 +188,7 @@ class Node:
             networks.egress,
             cfg.net.host_subnet,
             authority=authority,
-            header_values=LiteralValues(),
+            header_values=credentials,
             upstream_tls=upstream_context(cfg.net.egress_trusted_cas),
         )
         proxy_ports = await egress_proxy.start()
@@ -220,7 +232,7 @@ class Node:
             stack.push_async_callback(_cancelled, asyncio.create_task(pool.run()))
         node = cls(
             cfg, accel, manager, snapshots, collector, catalog, puller, builds, stack, nodes,
-            volumes, pool,
+            volumes, credentials, pool,
         )  # fmt: skip
         await node.volumes.sweep()
         if base_in_store(cfg):
@@ -234,6 +246,7 @@ class Node:
             collector.run_every(cfg.storage),
             served_ram.run_every(_RAM_SWEEP_INTERVAL),
             node.memory.run_every(cfg.sandbox.memory_sample_interval),
+            credentials.identity.run_every(),
         ]
         if cfg.server.role == "node":
             presence = NodePresence(nodes, manager, snapshots, blockd)
