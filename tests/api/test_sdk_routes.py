@@ -54,9 +54,12 @@ def test_the_sdks_route_is_served(method: str, path: str, served: set[tuple[str,
     assert (method, path) in served
 
 
+def _documented() -> set[str]:
+    """Every path written in backticks in the compatibility page, parameters unnamed."""
+    spans = re.findall(r"`([^`]*)`", DOCS.read_text())
+    return {_shape(word) for span in spans for word in span.split() if word.startswith("/")}
+
+
 @pytest.mark.parametrize(("method", "path"), SDK_ROUTES)
 def test_the_sdks_route_is_documented(method: str, path: str) -> None:
-    documented = {
-        _shape(p) for p in re.findall(r"`(?:[A-Z]+(?:/[A-Z]+)* )?(/[^` ]*)`", DOCS.read_text())
-    }
-    assert path in documented, f"{method} {path} is not in {DOCS.name}"
+    assert path in _documented(), f"{method} {path} is not in {DOCS.name}"

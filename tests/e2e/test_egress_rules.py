@@ -4,14 +4,16 @@ tools; rules change live, and grant no access."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import secrets
 import shlex
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, Secret
 
 from ..live import TEST_KEY, LiveServer
 from ..netlab import (
@@ -30,17 +32,21 @@ from ..netlab import (
 pytestmark = [pytest.mark.vm]
 
 
-@pytest.fixture
+@pytest.fixture(params=[False])
 def lab_server(
-    fresh_server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fresh_server: LiveServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> Iterator[tuple[LiveServer, Lab, Path]]:
     """A server whose guests resolve every name to the lab's internet host, which serves
-    HTTPS under a test CA the server's egress proxy trusts; and that CA's file."""
+    HTTPS under a test CA the server's egress proxy trusts (echoing header values, or
+    their SHA-256 when the parameter is true); and that CA's file."""
     ca, certificate = site_certificates(tmp_path)
     with lab(fresh_server.network[1]) as around, peer(random_slash30("192.168.204.0/24")) as dns:
         web = around.internet
         with (
-            echo_server(web.netns, certificate),
+            echo_server(web.netns, certificate, hashed=request.param),
             serving(web.ip, kind="dns", netns=dns.netns, address=dns.ip, port=53),
         ):
             fresh_server.extra_env["AENV_NET_DNS_SERVER"] = dns.ip
@@ -142,3 +148,61 @@ def test_egress_through_a_socks5_proxy_across_a_pause(
             assert log.read_text().count("connected to") == before + 1
         finally:
             sandbox.kill()
+
+
+SECRET = "sk-live-" + secrets.token_hex(16)
+
+
+@pytest.mark.parametrize("lab_server", [True], indirect=True)
+def test_a_secret_is_used_at_egress_and_never_enters_the_guest(
+    lab_server: tuple[LiveServer, Lab, Path],
+) -> None:
+    """The server gets the secret (it answers only its hash); the guest's memory and disk,
+    searched after the request, do not hold it; deleting the secret stops its use."""
+    server = lab_server[0]
+    Secret.create("api-token", SECRET)
+    header = f"Bearer {Secret.fill('api-token')}"
+    rules = {"api.site.test": [{"transform": {"headers": {"Authorization": header}}}]}
+    sandbox = Sandbox.create(network={"rules": rules})
+    try:
+        seen = seen_by_server(sandbox, "curl", "https://api.site.test/")
+        assert seen["authorization"] == hashlib.sha256(f"Bearer {SECRET}".encode()).hexdigest()
+        # Markers the search must find, so not finding the secret means something: one
+        # in a file on the guest's disk, one in a guest process's memory.
+        on_disk, in_memory = "disk-" + secrets.token_hex(12), "ram-" + secrets.token_hex(12)
+        sandbox.files.write("/root/marker", on_disk)
+        holder = (
+            f"import time; x = {in_memory[:4]!r} + {in_memory[4:]!r};"
+            " open('/tmp/held', 'w').close(); time.sleep(600)"
+        )
+        sandbox.commands.run(shlex.join(["python3", "-c", holder]), background=True)
+        sandbox.commands.run("until [ -e /tmp/held ]; do sleep 0.1; done", timeout=60)
+        sandbox.commands.run("sync")
+        sandbox.pause()
+        found = _search(
+            server.home / "sandboxes" / sandbox.sandbox_id, [on_disk, in_memory, SECRET]
+        )
+        assert found[on_disk] and found[in_memory], found
+        assert not found[SECRET], found
+        sandbox.connect()
+        Secret.destroy("api-token")
+        done = sandbox.commands.run("curl -sS -m 10 https://api.site.test/", timeout=60)
+        assert "api-token" in done.stdout and "authorization" not in done.stdout
+    finally:
+        sandbox.kill()
+
+
+def _search(directory: Path, needles: list[str]) -> dict[str, bool]:
+    """Which of `needles` occur in any file under `directory` (a paused sandbox's memory
+    and disk images), read in overlapping pieces."""
+    found = dict.fromkeys(needles, False)
+    overlap = max(len(n) for n in needles)
+    for path in (p for p in directory.rglob("*") if p.is_file()):
+        with path.open("rb") as fh:
+            tail = b""
+            while piece := fh.read(16 << 20):
+                window = tail + piece
+                for needle in needles:
+                    found[needle] = found[needle] or needle.encode() in window
+                tail = window[-overlap:]
+    return found
