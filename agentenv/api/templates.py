@@ -271,7 +271,7 @@ async def pull_template(
     async def run() -> None:
         try:
             record = await asyncio.to_thread(puller.pull, str(ref), body.name, progress)
-            public = record.template_id in catalog.templates.public_names()
+            public = record.template_id in await asyncio.to_thread(catalog.templates.public_names)
             await queue.put({"template": template_json(record, cfg, public)})
         except Exception as exc:
             await queue.put({"error": error_answer(exc).body()})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -146,7 +146,7 @@ async def tag_exists(
     return {"exists": normalized in tags, "normalizedTag": normalized}
 
 
-_SORTS = ("latest_desc", "latest_asc", "name_asc", "name_desc")
+Sort = Literal["latest_desc", "latest_asc", "name_asc", "name_desc"]
 _SEARCH = re.compile(r"[a-z0-9._-]{0,64}")
 
 
@@ -160,7 +160,7 @@ async def tag_groups(
     tagsLimit: int = 25,
     tagsCursor: str | None = None,
     search: str | None = None,
-    sort: Literal["latest_desc", "latest_asc", "name_asc", "name_desc"] = "latest_desc",
+    sort: Sort = "latest_desc",
 ) -> dict[str, Any]:
     """E2B's `TemplateTagGroupsResponse`: tags (whose name holds `search`) with their newest
     assignments, a page of tags at a time; limits are clamped as E2B clamps them."""
@@ -183,7 +183,10 @@ async def tag_groups(
         after = key(*_groups_cursor(tagsCursor, sort))
         order = [item for item in order if (item[0] < after if descending else item[0] > after)]
     page = order[:page_size]
-    last = page[-1] if len(order) > page_size else None
+    next_cursor = None
+    if len(order) > page_size:
+        _, last_tag, last_assigned = page[-1]
+        next_cursor = f"{sort}|{last_assigned[0][1]}|{last_tag}"  # E2B's: sort|latest|tag
     return {
         "tags": [
             {
@@ -193,7 +196,7 @@ async def tag_groups(
             }
             for _, tag, assigned in page
         ],
-        "nextCursor": f"{sort}|{last[2][0][1]}|{last[1]}" if last else None,
+        "nextCursor": next_cursor,
     }
 
 
@@ -201,7 +204,7 @@ def _groups_cursor(cursor: str, sort: str) -> tuple[str, str]:
     """(tag, its latest assignment) after which a page of tag groups goes on."""
     given, _, rest = cursor.partition("|")
     latest, _, tag = rest.partition("|")
-    if given in _SORTS and given != sort:
+    if given in get_args(Sort) and given != sort:
         raise InvalidInput("Cursor was issued for a different sort; clear the cursor and restart")
     try:
         aware = datetime.fromisoformat(latest).tzinfo is not None
