@@ -14,6 +14,7 @@ from collections.abc import Callable
 import httpx
 
 from ..runtime.sandboxes.routes import Route
+from ..wire import ENVD_PORT
 
 
 def _guest_tls() -> ssl.SSLContext:
@@ -42,6 +43,11 @@ class UpstreamClients:
         if entry is not None and entry[0] is route:
             return entry[1]
         self._drop_stale()
+
+        async def note_agent(response: httpx.Response) -> None:
+            if response.url.port == ENVD_PORT:
+                route.agent.answered()
+
         client = httpx.AsyncClient(
             # Guests are on this host: an HTTP(S)_PROXY set for the server's own egress
             # must not carry sandbox traffic off it.
@@ -49,6 +55,7 @@ class UpstreamClients:
             verify=GUEST_TLS,
             timeout=httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0),
             limits=httpx.Limits(max_connections=200, max_keepalive_connections=20),
+            event_hooks={"response": [note_agent]},
         )
         self._clients[sandbox_id] = (route, client)
         return client

@@ -79,3 +79,14 @@ async def test_a_marked_pause_resumes_only_without_memory(h: Harness) -> None:
     await h.pauses.pause(sid)
     assert not (await h.manager.get(sid)).agent_unresponsive_at_pause
     assert (await h.pauses.resume(sid, 60)).state.runs
+
+
+async def test_an_agent_that_answered_the_proxy_lately_is_not_asked_again(h: Harness) -> None:
+    sid = await h.create()
+    h.agent.healthy_answer = False  # it would be marked if it were asked
+    route = h.manager.routes.get(sid)
+    assert route is not None
+    route.agent.answered()
+    await h.pauses.pause(sid)
+    record = await h.manager.store.get(sid)
+    assert record is not None and not record.agent_unresponsive_at_pause

@@ -4,9 +4,24 @@ database read."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from ...net.rules import EgressRules
+
+
+class AgentLiveness:
+    """When a sandbox's guest agent last answered through the proxy: a pause need not ask
+    it again (under TCG a fresh request costs a pause some 30 ms)."""
+
+    def __init__(self) -> None:
+        self._answered_at = float("-inf")
+
+    def answered(self) -> None:
+        self._answered_at = time.monotonic()
+
+    def answered_within(self, seconds: float) -> bool:
+        return time.monotonic() - self._answered_at <= seconds
 
 
 @dataclass(frozen=True)
@@ -23,6 +38,7 @@ class Route:
     egress: EgressRules = field(default_factory=EgressRules)
     # Its ports that serve HTTPS (E2B's `httpsPorts`): the proxy speaks TLS to them.
     https_ports: frozenset[int] = frozenset()
+    agent: AgentLiveness = field(default_factory=AgentLiveness, compare=False)
 
     def scheme(self, port: int) -> str:
         """How the proxy speaks to the guest's `port`."""

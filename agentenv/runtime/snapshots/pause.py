@@ -38,6 +38,10 @@ from .servedram import RamServer
 log = logging.getLogger(__name__)
 
 
+# An agent that answered the proxy this recently (seconds) is not asked again by a pause.
+AGENT_ANSWERED_LATELY = 2.0
+
+
 class SandboxPauses:
     """`pause`, `connect` and `resume` for the sandboxes of one manager."""
 
@@ -56,8 +60,12 @@ class SandboxPauses:
         A silent guest agent is 503 with `require_healthy_guest` or without `memory`;
         else the pause goes on and is marked, and only a resume without memory undoes it."""
 
+        # Read before the pause begins: a pausing sandbox has no route.
+        route = self.manager.routes.get(sandbox_id)
+        answered = route is not None and route.agent.answered_within(AGENT_ANSWERED_LATELY)
+
         async def body(record: SandboxRecord) -> None:
-            answers = await self.machines.agent(record).healthy()
+            answers = answered or await self.machines.agent(record).healthy()
             if not answers and (require_healthy_guest or not memory):
                 raise Unavailable(f"sandbox '{sandbox_id}': its guest agent does not answer")
             await self._pause(record, FULL if memory else FILESYSTEM, not answers)
