@@ -222,8 +222,10 @@ def test_a_new_node_resumes_what_a_lost_node_left(
         "open('/tmp/secret','w').write(s); time.sleep(1e6)\" "
         ">/dev/null 2>&1 &"
     )
-    time.sleep(1)
-    secret = sandbox.commands.run("cat /tmp/secret").stdout
+    # Python starts slowly under TCG on a busy host: wait for the file, not a fixed time.
+    secret = sandbox.commands.run(
+        "timeout 60 sh -c 'until [ -s /tmp/secret ]; do sleep 0.1; done'; cat /tmp/secret"
+    ).stdout
     snapshot = sandbox.create_snapshot()
     sandbox.pause()
     _until_stored(lost, sandbox.sandbox_id, snapshot.snapshot_id)
