@@ -22,6 +22,8 @@ MAX_STEPS = 256
 MAX_ARG_BYTES = 64 * 1024
 # A user name as useradd takes one (or a uid).
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
+# An environment variable's name, as a shell takes one.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -92,13 +94,22 @@ def _parse(index: int, item: dict[str, Any]) -> Step:
         raise InvalidInput(f"{where}.args: {kind} needs {least} non-empty arguments")
     if kind == "ENV" and len(args) % 2:
         raise InvalidInput(f"{where}.args: ENV takes key, value pairs")
+    bad = [name for name in args[::2] if kind == "ENV" and not _ENV_NAME.fullmatch(name)]
+    if bad:
+        raise InvalidInput(f"{where}.args: {bad[0]!r} is not an environment variable name")
     user = args[0] if kind == "USER" else args[1] if kind == "RUN" and len(args) > 1 else ""
-    if user and not _USER.fullmatch(user):
+    # A USER naming variables is checked once they are expanded (`is_user_name`).
+    if user and not (is_user_name(user) or (kind == "USER" and "$" in user)):
         raise InvalidInput(f"{where}.args: {user!r} is not a user name")
     files_hash = item.get("filesHash")
     if kind == "COPY" and not (isinstance(files_hash, str) and is_files_hash(files_hash)):
         raise InvalidInput(f"{where}.filesHash: COPY needs the hash of its files (hex)")
     return Step(kind, tuple(args), files_hash if kind == "COPY" else None, bool(item.get("force")))
+
+
+def is_user_name(text: str) -> bool:
+    """A user name as useradd takes one, or a uid."""
+    return _USER.fullmatch(text) is not None
 
 
 def is_files_hash(text: str) -> bool:

@@ -12,6 +12,7 @@ and its parent, and a later build with the same prefix starts from the deepest e
 from __future__ import annotations
 
 import asyncio
+import secrets
 import shlex
 import time
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from typing import Protocol
 from ..errors import AenvError
 from ..guest.rpc import ConnectError
 from .builds import Build
-from .buildsteps import Step, StepState, step_key
+from .buildscripts import DEFAULT_USER, grow_script, systemctl_script, user_script
+from .buildsteps import Step, StepState, is_user_name, step_key
 
 # Where a COPY step's archive waits in the build sandbox while it is unpacked.
 COPY_SPOOL = "/tmp/.aenv-build"
@@ -29,8 +31,6 @@ SHELL = "/bin/bash"
 # As E2B: the ready command is tried every 2 s; a start command alone waits 20 s.
 READY_INTERVAL = 2.0
 DEFAULT_READY = "sleep 20"
-# The user every build's steps start as (made when the image lacks it), as in E2B.
-DEFAULT_USER = "user"
 
 
 class StepFailed(AenvError):
@@ -103,6 +103,8 @@ class Recipe:
     force: bool = False
     # Seconds the ready command has to succeed.
     ready_timeout: float = 600.0
+    # Free space the root filesystem is grown to have, in MiB (E2B's minFreeDiskMb).
+    min_free_disk_mb: int | None = None
 
 
 def cache_entry_name(key: str) -> str:
@@ -122,6 +124,8 @@ class StepBuild:
         self.recipe = recipe
         self.files = files
         self._total = len(recipe.steps) + 1
+        # Accounts made sure of in this build's sandbox (made when first needed).
+        self._users: set[str] = {"root"}
 
     def _log(self, number: int, text: str) -> None:
         self.build.log(f"[builder {number}/{self._total}] {text}")
@@ -132,6 +136,8 @@ class StepBuild:
         build = self.build
         parent = await self.host.identity(recipe.parent)
         keys, key = [], f"{parent}:{build.vcpus}:{build.memory_mb}"
+        if recipe.min_free_disk_mb:
+            key += f":disk{recipe.min_free_disk_mb}"
         for step in recipe.steps:
             key = step_key(key, step)
             keys.append(key)
@@ -143,7 +149,11 @@ class StepBuild:
             raise StepFailed(exc.message, "base") from exc
         try:
             if start == 0:
-                state = await self._first_state(sandbox)
+                state = await self.host.parent_state(recipe.parent) or StepState()
+                try:
+                    await self._prepare(sandbox, state)
+                except StepFailed as exc:
+                    raise StepFailed(exc.message, "base") from exc
             for index, step in enumerate(recipe.steps):
                 number = index + 2
                 if index < start:
@@ -158,6 +168,8 @@ class StepBuild:
                     name = cache_entry_name(keys[index])
                     await self.host.snapshot(sandbox, name, state, memory=False)
             try:
+                state = await self._settled(sandbox, state)
+                await self._prepare(sandbox, state)
                 await self._start(sandbox, state)
             except StepFailed as exc:
                 raise StepFailed(exc.message, "finalize") from exc
@@ -165,26 +177,46 @@ class StepBuild:
         finally:
             await self.host.kill(sandbox)
 
-    async def _first_state(self, sandbox: str) -> StepState:
-        """Where steps start: a built parent's user, directory and env; else, as in E2B,
-        the user `user` (made if the image lacks it) in its home."""
-        state = await self.host.parent_state(self.recipe.parent)
-        if state is None:
-            state = StepState(user=DEFAULT_USER)
-            await self._ensure_user(sandbox, DEFAULT_USER, state)
-        return await self._defaults(sandbox, state)
+    async def _prepare(self, sandbox: str, state: StepState) -> None:
+        """Before the steps and again after them (a step may have installed systemd): the
+        `systemctl` stand-in, and the free disk space the build asked for."""
+        await self._run(sandbox, systemctl_script(), "root", state, "/", "install systemctl")
+        if self.recipe.min_free_disk_mb:
+            what = f"grow the disk to {self.recipe.min_free_disk_mb} MiB free"
+            await self._run(
+                sandbox, grow_script(self.recipe.min_free_disk_mb), "root", state, "/", what
+            )
 
-    async def _defaults(self, sandbox: str, state: StepState) -> StepState:
-        """`state` with the user and directory steps start as when no USER or WORKDIR
-        named them: the sandbox's default user and that user's home."""
+    async def _settled(self, sandbox: str, state: StepState) -> StepState:
+        """`state` with its user made and its directory known: as E2B, steps that never
+        named them leave `user` in its home."""
+        user = state.user or DEFAULT_USER
+        await self._need_user(sandbox, user, state)
+        if state.workdir:
+            return replace(state, user=user)
+        return replace(state, user=user, workdir=await self._home(sandbox, user, state))
+
+    async def _home(self, sandbox: str, user: str, state: StepState) -> str:
+        """Where `user` starts: its home (the sandbox's default directory for it)."""
+        await self._need_user(sandbox, user, state)
         lines: list[str] = []
-        argv = ["/bin/sh", "-c", "id -un; pwd"]
-        code = await self.host.run(
-            sandbox, argv, user=state.user, cwd=None, env={}, output=lines.append
-        )
-        if code != 0 or len(lines) < 2 or not lines[1].startswith("/"):
-            raise StepFailed(f"the build sandbox has no usable default user: {lines}")
-        return replace(state, user=state.user or lines[0], workdir=state.workdir or lines[1])
+        argv = ["/bin/sh", "-c", "pwd"]
+        code = await self.host.run(sandbox, argv, user=user, cwd=None, env={}, output=lines.append)
+        if code != 0 or not lines or not lines[-1].startswith("/"):
+            raise StepFailed(f"user '{user}' has no usable home directory: {lines}")
+        return lines[-1]
+
+    async def _workdir(self, sandbox: str, state: StepState) -> str:
+        """The directory steps run in: the last WORKDIR, else the step user's home."""
+        return state.workdir or await self._home(sandbox, state.user or DEFAULT_USER, state)
+
+    async def _need_user(self, sandbox: str, user: str, state: StepState) -> None:
+        """Make sure of account `user` when first needed: never before the image's own
+        steps could make it (E2B's templates run `useradd -m user` themselves)."""
+        if user in self._users or user.isdigit():
+            return
+        await self._run(sandbox, user_script(user), "root", state, "/", f"create user '{user}'")
+        self._users.add(user)
 
     async def _deepest_cached(self, keys: list[str]) -> tuple[int, StepState, str]:
         """(steps already done, their state, the sandbox origin) for the longest cached
@@ -203,40 +235,86 @@ class StepBuild:
         return 0, StepState(), recipe.parent
 
     async def _apply(self, sandbox: str, step: Step, state: StepState) -> Step:
-        """Carry out `step`; the step as carried out (an ENV's values expanded)."""
+        """Carry out `step`; the step as carried out (its values expanded over the ENV so
+        far, as Docker does)."""
         if step.kind == "ENV":
-            values = [await self._expand(sandbox, value, state) for value in step.args[1::2]]
-            pairs = [part for pair in zip(step.args[::2], values, strict=True) for part in pair]
+            names = list(step.args[::2])
+            values = await self._expand(sandbox, list(step.args[1::2]), state, names)
+            pairs = [part for pair in zip(names, values, strict=True) for part in pair]
             return replace(step, args=tuple(pairs))
         if step.kind == "RUN":
             user = step.args[1] if len(step.args) > 1 and step.args[1] else state.user
-            await self._run(sandbox, step.args[0], user, state, state.workdir)
-        elif step.kind == "WORKDIR":
-            path = state.resolve(step.args[0])
+            user = user or DEFAULT_USER
+            await self._need_user(sandbox, user, state)
+            # Not yet anywhere: the step user's home (E2B's, `user`'s, once it exists).
+            cwd = state.workdir
+            if cwd is None and user == (state.user or DEFAULT_USER):
+                cwd = await self._workdir(sandbox, state)
+            await self._run(sandbox, step.args[0], user, state, cwd)
+            return step
+        if step.kind == "USER":
+            user = await self._expand_one(sandbox, step.args[0], state)
+            if not is_user_name(user):
+                raise StepFailed(f"USER {step.args[0]}: {user!r} is not a user name")
+            return replace(step, args=(user,))
+        if step.kind == "WORKDIR":
+            path = await self._expand_one(sandbox, step.args[0], state)
+            # The directory is the step user's: that user exists before it is made.
+            user = state.user or DEFAULT_USER
+            await self._need_user(sandbox, user, state)
+            base = state if path.startswith("/") else replace(
+                state, workdir=await self._workdir(sandbox, state)
+            )  # fmt: skip
+            path = base.resolve(path)
             await self._run(sandbox, f"mkdir -p {shlex.quote(path)}", "root", state, "/")
-        elif step.kind == "USER":
-            await self._ensure_user(sandbox, step.args[0], state)
-        elif step.kind == "COPY":
+            return replace(step, args=(path,))
+        if step.kind == "COPY":
+            dest = await self._expand_one(sandbox, step.args[1], state)
+            step = replace(step, args=(step.args[0], dest, *step.args[2:]))
             await self._copy(sandbox, step, state)
         return step
 
-    async def _expand(self, sandbox: str, value: str, state: StepState) -> str:
-        """An ENV value with `$VAR` and `${VAR}` expanded by the shell, as root, over the
-        build's env so far (as E2B, and Docker for earlier ENVs); quotes, backslashes and
-        command substitution are kept literal."""
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
-        escaped = escaped.replace("$(", "\\$(")
+    async def _expand_one(self, sandbox: str, value: str, state: StepState) -> str:
+        if "$" not in value:
+            return value
+        return (await self._expand(sandbox, [value], state))[0]
+
+    async def _expand(
+        self, sandbox: str, values: list[str], state: StepState, names: list[str] | None = None
+    ) -> list[str]:
+        """`values` with `$VAR` and `${VAR}` expanded by the shell, as root, over the
+        sandbox's env and the build's so far; with `names`, each is set once expanded, so
+        a later pair sees an earlier one (as E2B: its template sets JAVA_VERSION and uses
+        it in JAVA_HOME in one step). Quotes, backslashes and `$(...)` stay literal."""
+        marker = f"--aenv-env-{secrets.token_hex(8)}--"
+        lines = ["exec 2>/dev/null"]
+        for index, value in enumerate(values):
+            quoted = f'"{_escape(value)}"'
+            if names is not None:
+                lines.append(f"export {names[index]}={quoted}")
+                quoted = f'"${names[index]}"'
+            lines.append(f"printf '%s\\n' {quoted}; echo {marker}")
         out: list[str] = []
         try:
             code = await self.host.run(
-                sandbox, [SHELL, "-c", f'printf %s "{escaped}"'], user="root", cwd="/",
+                sandbox, [SHELL, "-c", "\n".join(lines)], user="root", cwd="/",
                 env=state.env, output=out.append,
             )  # fmt: skip
         except ConnectError as exc:
             raise StepFailed(f"failed to evaluate environment variable: {exc}") from exc
         if code != 0:
             raise StepFailed(f"failed to evaluate environment variable: exit status {code}")
-        return "\n".join(out)  # output comes in lines
+        expanded: list[str] = []
+        current: list[str] = []
+        for line in out:
+            if line == marker:
+                expanded.append("\n".join(current))
+                current = []
+            else:
+                current.append(line)
+        if len(expanded) != len(values):
+            raise StepFailed(f"failed to evaluate environment variable: got {out}")
+        return expanded
 
     async def _run(
         self,
@@ -263,22 +341,21 @@ class StepBuild:
         if code != 0:
             raise StepFailed(f"failed to {what}: exit status {code}")
 
-    async def _ensure_user(self, sandbox: str, user: str, state: StepState) -> None:
-        """USER names an account; one the image lacks is made, as E2B does."""
-        await self._run(sandbox, user_script(user), "root", state, "/", f"create user '{user}'")
-
     async def _copy(self, sandbox: str, step: Step, state: StepState) -> None:
         src, dest = step.args[0], step.args[1]
         owner = step.args[2] if len(step.args) > 2 else ""
         mode = step.args[3] if len(step.args) > 3 else ""
         if not owner:
-            owner = state.user or "root"
+            owner = state.user or DEFAULT_USER
+            await self._need_user(sandbox, owner, state)
         if ":" not in owner:
             owner = f"{owner}:{owner}"
         assert step.files_hash is not None  # parse_steps requires it
         data = await asyncio.to_thread(self.files, step.files_hash)
         archive = f"{COPY_SPOOL}/{step.files_hash}.tar"
         await self.host.write(sandbox, archive, data)
+        if not dest.startswith("/"):
+            state = replace(state, workdir=await self._workdir(sandbox, state))
         target = state.resolve(dest) + ("/" if dest.endswith("/") else "")
         script = copy_script(archive, src, target, owner, mode)
         await self._run(sandbox, script, "root", state, "/", f"copy '{src}' to '{dest}'")
@@ -322,30 +399,26 @@ class StepBuild:
             await asyncio.sleep(READY_INTERVAL)
 
 
-def user_script(user: str) -> str:
-    """The shell that makes account `user` unless it exists: with the image's useradd or
-    adduser, else (an image without either) by hand; password-less sudo where there is
-    sudo, as E2B's users have."""
-    name = shlex.quote(user)
-    return "\n".join(
-        [
-            f"id -u {name} >/dev/null 2>&1 && exit 0",
-            "shell=/bin/sh; [ -x /bin/bash ] && shell=/bin/bash",
-            "if command -v useradd >/dev/null 2>&1; then",
-            f'  useradd -m -s "$shell" {name}',
-            "elif command -v adduser >/dev/null 2>&1; then",
-            f'  adduser -D -s "$shell" {name}',
-            "else",
-            "  uid=1000",
-            '  while grep -q "^[^:]*:[^:]*:$uid:" /etc/passwd; do uid=$((uid + 1)); done',
-            f'  echo "{user}:x:$uid:$uid::/home/{user}:$shell" >> /etc/passwd',
-            f'  echo "{user}:x:$uid:" >> /etc/group',
-            f'  mkdir -p /home/{name} && chown "$uid:$uid" /home/{name}',
-            "fi",
-            "[ -d /etc/sudoers.d ] || exit 0",
-            f"echo {shlex.quote(f'{user} ALL=(ALL:ALL) NOPASSWD: ALL')} > /etc/sudoers.d/{name}",
-        ]
-    )
+def _escape(value: str) -> str:
+    """`value` for the inside of a double-quoted shell word: `$VAR` and `${VAR}` expand,
+    everything else (quotes, backslashes, backticks, `$(...)`) stays as written; `\\$`
+    is a literal dollar, as in a Dockerfile."""
+    out = []
+    index = 0
+    while index < len(value):
+        char = value[index]
+        if char == "\\" and value[index + 1 : index + 2] == "$":
+            out.append("\\$")
+            index += 2
+            continue
+        if char == "$" and value[index + 1 : index + 2] == "(":
+            out.append("\\$")
+        elif char in '\\"`':
+            out.append("\\" + char)
+        else:
+            out.append(char)
+        index += 1
+    return "".join(out)
 
 
 def _with_env(command: str, env: dict[str, str]) -> str:

@@ -52,20 +52,26 @@ class FakeHost:
         output: Callable[[str], None] | None,
     ) -> int:
         command = argv[-1]
-        if command.startswith("printf %s "):
-            # An ENV value's expansion: the same shell command, run here over `env`.
+        if command.startswith("exec 2>/dev/null"):
+            # Values' expansion: the same shell script, run here over `env`.
             assert output is not None and user == "root"
             done = subprocess.run(["/bin/sh", "-c", command], env=env, capture_output=True)
-            for line in done.stdout.decode().split("\n"):
+            for line in done.stdout.decode().split("\n")[:-1]:
                 output(line)
             return done.returncode
-        if command.startswith("id -u user"):
-            self.calls.append(("ensure-user", user))
+        if command.startswith("set -e\nid -u "):
+            name = command.splitlines()[1].split()[2]
+            self.calls.append(("ensure-user", name))
             return 0
-        if command == "id -un; pwd":
+        if command.startswith("set -e\nmkdir -p /usr/local/bin"):
+            self.calls.append(("systemctl",))
+            return 0
+        if "resize2fs" in command:
+            self.calls.append(("grow", command))
+            return 0
+        if command == "pwd":
             assert output is not None
-            output("user")
-            output("/home/user")
+            output("/root" if user == "root" else f"/home/{user}")
             return 0
         if user == "nobody-here":
             raise ConnectError("unauthenticated", "invalid username: 'nobody-here'")
@@ -123,8 +129,11 @@ def test_steps_run_in_order_as_their_user_in_their_directory() -> None:
     host = FakeHost()
     build, snapshot = _build(host, STEPS, start_cmd="serve", ready_cmd="ready")
     assert snapshot == "tpl:t"
-    # Every build first makes sure E2B's default user exists, as root.
-    assert ("ensure-user", "root") in host.calls
+    # systemctl first; E2B's `user` only once COPY needs it (its owner and home), `svc`
+    # once it runs something; then systemctl again (a step may have installed systemd).
+    made = [c for c in host.calls if c[0] in ("ensure-user", "systemctl")]
+    assert made == [("systemctl",), ("ensure-user", "user"), ("ensure-user", "svc"), made[-1]]
+    assert made[-1] == ("systemctl",)
     runs = [c for c in host.calls if c[0] in ("run", "start", "write")]
     assert runs[0] == ("write", "/tmp/.aenv-build/ab12.tar", b"archive-ab12")
     # COPY resolves a relative destination under the default user's home, as root.
@@ -324,3 +333,71 @@ def test_env_values_are_expanded_by_the_shell_over_earlier_ones() -> None:
         "P": "/opt/bin:",
         "Q": 'q"`$(id)`\\n',
     }
+
+
+def test_env_pairs_expand_in_step_order() -> None:
+    """A pair sees the pairs before it (E2B's template sets JAVA_VERSION and JAVA_HOME
+    from it in one step); a step sees what was set before it, never after; WORKDIR, USER
+    and COPY's destination expand too."""
+    steps = [
+        {"type": "ENV", "args": ["JAVA_VERSION", "11", "JAVA_HOME", "/jvm/jdk-${JAVA_VERSION}"]},
+        {"type": "ENV", "args": ["APP", "/srv/$JAVA_VERSION", "WHO", "svc", "LATER", "$LATE"]},
+        {"type": "WORKDIR", "args": ["$APP"]},
+        {"type": "USER", "args": ["${WHO}"]},
+        {"type": "RUN", "args": ["make"]},
+        {"type": "ENV", "args": ["LATE", "set-after", "JAVA_VERSION", "17"]},
+    ]
+    host = FakeHost()
+    _build(host, steps)
+    make = next(call for call in host.calls if call[:2] == ("run", "make"))
+    assert make[2:4] == ("svc", "/srv/11")
+    assert make[4] == {
+        "JAVA_VERSION": "11",
+        "JAVA_HOME": "/jvm/jdk-11",
+        "APP": "/srv/11",
+        "WHO": "svc",
+        "LATER": "",
+    }
+    final = host.snapshots[-1][1]
+    assert (final.user, final.workdir, final.env["JAVA_VERSION"]) == ("svc", "/srv/11", "17")
+    assert final.env["JAVA_HOME"] == "/jvm/jdk-11"
+
+
+def test_the_e2b_user_is_made_only_when_needed_after_the_images_own_steps() -> None:
+    """A Dockerfile's `useradd -m user` runs before the builder makes sure of `user`
+    (which then only gets its sudo rule), and root's steps never make it."""
+    steps = [
+        {"type": "USER", "args": ["root"]},
+        {"type": "WORKDIR", "args": ["/"]},
+        {"type": "RUN", "args": ["useradd -m user"]},
+        {"type": "USER", "args": ["user"]},
+        {"type": "WORKDIR", "args": ["/home/user"]},
+    ]
+    host = FakeHost()
+    _build(host, steps)
+    order = [c[:2] for c in host.calls if c[0] in ("run", "ensure-user")]
+    assert order.index(("run", "useradd -m user")) < order.index(("ensure-user", "user"))
+    host = FakeHost()
+    _build(host, steps[:3])
+    # The template's sandboxes run as the last USER: root, so `user` is never made.
+    assert ("ensure-user", "user") not in host.calls
+    assert host.snapshots[-1][1].user == "root" and host.snapshots[-1][1].workdir == "/"
+
+
+def test_an_sdk_build_without_user_or_workdir_ends_as_user_in_its_home() -> None:
+    host = FakeHost()
+    _build(host, [{"type": "RUN", "args": ["make"]}])
+    assert ("run", "make", "user", "/home/user", {}) in host.calls
+    final = host.snapshots[-1][1]
+    assert (final.user, final.workdir) == ("user", "/home/user")
+
+
+def test_free_disk_space_is_grown_before_and_after_the_steps() -> None:
+    host = FakeHost()
+    _build(host, STEPS, min_free_disk_mb=8192)
+    grows = [c[1] for c in host.calls if c[0] == "grow"]
+    assert len(grows) == 2 and all("want=$((8192 * 1024))" in g for g in grows)
+    # A build asking for another size does not start from the other size's cache.
+    host.calls.clear()
+    _build(host, STEPS)
+    assert host.calls[0] == ("create", "img")
