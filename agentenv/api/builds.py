@@ -36,6 +36,9 @@ router = APIRouter(responses=ERROR_RESPONSES)
 # Bounds on what a template may ask for (admission still checks the host has it).
 MAX_VCPUS = 16
 MAX_MEMORY_MB = 65536
+# E2B's minFreeDiskMb: free space the root filesystem grows to after the steps (MiB); a
+# sandbox disk has 64 GiB of virtual size to grow into.
+MAX_FREE_DISK_MB = 32768
 
 
 class TemplateBuildRequest(BaseModel):
@@ -50,7 +53,7 @@ class TemplateBuildRequest(BaseModel):
     teamID: str | None = None
     cpuCount: int | None = Field(default=None, ge=1, le=MAX_VCPUS)
     memoryMB: int | None = Field(default=None, ge=128, le=MAX_MEMORY_MB)
-    minFreeDiskMb: int | None = Field(default=None, ge=0)
+    minFreeDiskMb: int | None = Field(default=None, ge=0, le=MAX_FREE_DISK_MB)
 
 
 class GeneralRegistry(BaseModel):
@@ -110,9 +113,7 @@ def _template_name(body: TemplateBuildRequest) -> tuple[str, list[str]]:
 
 
 @router.post("/v3/templates", status_code=202)
-async def request_build(
-    builds: BuildsDep, cfg: ConfigDep, body: TemplateBuildRequest
-) -> dict[str, Any]:
+async def request_build(builds: BuildsDep, body: TemplateBuildRequest) -> dict[str, Any]:
     """Register a build of a template; it starts when the client sends the recipe."""
     name, tags = _template_name(body)
     running = [b for b in builds.tracker.of_template(name) if b.status == "building"]
@@ -120,14 +121,8 @@ async def request_build(
         raise Conflict(f"template '{name}' is being built (build {running[-1].build_id})")
     build = builds.register(name, body.cpuCount, body.memoryMB)
     build.tags = tags
-    if body.minFreeDiskMb is not None:
-        # Disks have one size per server; say so in the log the SDK shows, not drop it.
-        disk = cfg.sandbox.disk_size_mb
-        build.log(
-            f"minFreeDiskMb={body.minFreeDiskMb}: per-template disk sizes are not supported; "
-            f"sandboxes get the server's {disk} MB disk",
-            "warn",
-        )
+    # 0 asks for no growth, as in E2B.
+    build.min_free_disk_mb = body.minFreeDiskMb or None
     return {
         "templateID": name,
         "buildID": build.build_id,
@@ -248,12 +243,21 @@ async def start_build(
         raise InvalidInput(refusal)
     # Tagged builds are kept side by side, as builds from steps are (a pull has one).
     tagged = build.tags != [DEFAULT_TAG]
-    stepped = steps or body.startCmd or body.readyCmd or parent == BASE or tagged
+    # Free disk space is made in a build sandbox: the filesystem grows there.
+    grown = build.min_free_disk_mb is not None
+    stepped = steps or body.startCmd or body.readyCmd or parent == BASE or tagged or grown
     if not stepped and parent is not None:
         # A template made from steps is a snapshot: one built from it runs in a sandbox.
         stepped = await asyncio.to_thread(catalog.templates.find, parent) is None
     if stepped:
-        recipe = Recipe(parent or "", steps, body.startCmd, body.readyCmd, force=bool(body.force))
+        recipe = Recipe(
+            parent or "",
+            steps,
+            body.startCmd,
+            body.readyCmd,
+            force=bool(body.force),
+            min_free_disk_mb=build.min_free_disk_mb,
+        )
         builds.from_steps(build, recipe, image, _credentials(body))
     elif image is not None:
         builds.from_image(build, image, _credentials(body))

@@ -49,6 +49,8 @@ class Build:
     # Sandbox size the template will carry (E2B's cpuCount/memoryMB), when asked for.
     vcpus: int | None = None
     memory_mb: int | None = None
+    # Free disk space the build grows the template's filesystem to (E2B's minFreeDiskMb).
+    min_free_disk_mb: int | None = None
     # Tags the finished build gets (E2B's `name:tag` and `tags`).
     tags: list[str] = field(default_factory=lambda: ["default"])
     _logs: list[BuildLog] = field(default_factory=list, repr=False)
