@@ -1,9 +1,14 @@
 """A Dockerfile as template build steps (what `aenv build -f` sends, as the SDKs'
 `Template.from_dockerfile` does).
 
-FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER and ARG (its default, substituted)
-become steps; CMD or ENTRYPOINT becomes the start command. Instructions that describe an
-image rather than build one (EXPOSE, LABEL, VOLUME, ...) are skipped with a note.
+FROM, RUN, COPY/ADD of local files, ENV, WORKDIR, USER and ARG (one with a default
+becomes an ENV step for the build) become steps; CMD or ENTRYPOINT becomes the start
+command. As with E2B's `Template.from_dockerfile`, steps start as root in / (Docker's
+defaults) and the template ends as `user` in /home/user unless the file sets USER or
+WORKDIR. Variables in ENV, WORKDIR, USER and COPY destinations are left for the builder,
+which expands them in step order; FROM and COPY sources are expanded here (the client
+needs them). Instructions that describe an image rather than build one (EXPOSE, LABEL,
+VOLUME, ...) are skipped with a note.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import shlex
 from dataclasses import dataclass, field
 
 from ..errors import InvalidInput
+from .buildscripts import DEFAULT_USER
 from .catalog import BASE, E2B_BASE_IMAGES
 
 # Built only as metadata of an OCI image; a template has no use for them.
 _SKIPPED = {"EXPOSE", "LABEL", "VOLUME", "STOPSIGNAL", "HEALTHCHECK", "SHELL", "ONBUILD"}
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -47,22 +54,31 @@ class DockerfileRecipe:
 def parse_dockerfile(text: str) -> DockerfileRecipe:
     """The recipe of a single-stage Dockerfile; InvalidInput naming the line otherwise."""
     recipe = DockerfileRecipe()
-    # ARG defaults are substituted everywhere; ENV values too, but in RUN (its shell has
-    # them), as Docker does.
-    args: dict[str, str] = {}
-    env: dict[str, str] = {}
+    # What this file sets so far, for FROM and COPY sources (the builder has the rest).
+    known: dict[str, str] = {}
+    # ARGs declared before FROM: only FROM sees them, unless declared again after it.
+    global_args: dict[str, str] = {}
+    named: set[str] = set()
     for number, line in _instructions(text):
         keyword, _, rest = line.partition(" ")
         keyword, rest = keyword.upper(), rest.strip()
         where = f"line {number}: {keyword}"
+        started = bool(recipe.from_image or recipe.from_template)
         if keyword == "ARG":
-            name, _, default = rest.partition("=")
-            args[name.strip()] = default.strip().strip('"')
+            for name, default in _args(rest, where):
+                if not started:
+                    if default is not None:
+                        global_args[name] = default
+                    continue
+                default = global_args.get(name) if default is None else default
+                if default is not None:
+                    known[name] = _substitute(default, known)
+                    recipe.steps.append({"type": "ENV", "args": [name, default]})
             continue
-        rest = _substitute(rest, args if keyword == "RUN" else {**args, **env})
         if keyword == "FROM":
-            if recipe.from_image or recipe.from_template:
+            if started:
                 raise InvalidInput(f"{where}: multi-stage Dockerfiles are not supported")
+            rest = _substitute(rest, global_args)
             image = rest.split()[0] if rest else ""
             if not image:
                 raise InvalidInput(f"{where} needs an image")
@@ -70,19 +86,26 @@ def parse_dockerfile(text: str) -> DockerfileRecipe:
                 recipe.from_template = BASE
             else:
                 recipe.from_image = image
-        elif not (recipe.from_image or recipe.from_template):
+            # Docker's defaults; the builder's own would be E2B's `user`.
+            recipe.steps += [
+                {"type": "USER", "args": ["root"]},
+                {"type": "WORKDIR", "args": ["/"]},
+            ]
+        elif not started:
             raise InvalidInput(f"{where} comes before FROM")
         elif keyword == "RUN":
             recipe.steps.append({"type": "RUN", "args": [_shell(rest, where)]})
         elif keyword in ("COPY", "ADD"):
-            recipe.steps.extend(_copy(recipe, rest, where))
+            recipe.steps.extend(_copy(recipe, rest, where, known))
         elif keyword == "ENV":
             pairs = _env(rest, where)
-            env.update(zip(pairs[::2], pairs[1::2], strict=True))
+            for name, value in zip(pairs[::2], pairs[1::2], strict=True):
+                known[name] = _substitute(value, known)
             recipe.steps.append({"type": "ENV", "args": pairs})
         elif keyword in ("WORKDIR", "USER"):
             if not rest:
                 raise InvalidInput(f"{where} needs an argument")
+            named.add(keyword)
             recipe.steps.append({"type": keyword, "args": [rest]})
         elif keyword in ("CMD", "ENTRYPOINT"):
             recipe.start_cmd = _shell(rest, where)
@@ -92,7 +115,25 @@ def parse_dockerfile(text: str) -> DockerfileRecipe:
             raise InvalidInput(f"{where} is not supported")
     if not (recipe.from_image or recipe.from_template):
         raise InvalidInput("the Dockerfile has no FROM")
+    # E2B's defaults for what the file never set.
+    if "USER" not in named:
+        recipe.steps.append({"type": "USER", "args": [DEFAULT_USER]})
+    if "WORKDIR" not in named:
+        recipe.steps.append({"type": "WORKDIR", "args": [f"/home/{DEFAULT_USER}"]})
     return recipe
+
+
+def _args(rest: str, where: str) -> list[tuple[str, str | None]]:
+    """An ARG's names and defaults (None: declared without one)."""
+    found: list[tuple[str, str | None]] = []
+    for word in shlex.split(rest):
+        name, sep, default = word.partition("=")
+        if not _NAME.fullmatch(name):
+            raise InvalidInput(f"{where}: {name!r} is not a variable name")
+        found.append((name, default if sep else None))
+    if not found:
+        raise InvalidInput(f"{where} needs a name")
+    return found
 
 
 def _instructions(text: str) -> list[tuple[int, str]]:
@@ -120,7 +161,7 @@ def _instructions(text: str) -> list[tuple[int, str]]:
 
 
 def _substitute(text: str, args: dict[str, str]) -> str:
-    """ARG values in place of `$NAME`/`${NAME}`; others stay for the shell."""
+    """Known values in place of `$NAME`/`${NAME}`; others stay as written."""
     return _VARIABLE.sub(lambda m: args.get(m.group(1) or m.group(2), m.group(0)), text)
 
 
@@ -139,7 +180,9 @@ def _shell(rest: str, where: str) -> str:
     return rest
 
 
-def _copy(recipe: DockerfileRecipe, rest: str, where: str) -> list[dict[str, object]]:
+def _copy(
+    recipe: DockerfileRecipe, rest: str, where: str, known: dict[str, str]
+) -> list[dict[str, object]]:
     words = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
     owner = mode = ""
     while words and str(words[0]).startswith("--"):
@@ -154,7 +197,7 @@ def _copy(recipe: DockerfileRecipe, rest: str, where: str) -> list[dict[str, obj
         raise InvalidInput(f"{where} needs a source and a destination")
     *sources, dest = words
     steps: list[dict[str, object]] = []
-    for src in sources:
+    for src in (_substitute(str(source), known) for source in sources):
         if "://" in src:
             raise InvalidInput(f"{where}: only files of the build context can be copied")
         recipe.copies.append(CopySource(src, dest, owner, mode))

@@ -26,10 +26,13 @@ CMD ["python", "-m", "http.server", "8000"]
 def test_a_dockerfile_becomes_steps_and_a_start_command() -> None:
     recipe = parse_dockerfile(DOCKERFILE)
     assert recipe.from_image == "python:3.11-slim" and recipe.from_template is None
+    # Docker's defaults first; variables left for the builder, which expands in order.
     assert recipe.steps == [
+        {"type": "USER", "args": ["root"]},
+        {"type": "WORKDIR", "args": ["/"]},
         {"type": "ENV", "args": ["APP_HOME", "/srv/app", "MODE", "two words"]},
         {"type": "ENV", "args": ["LEGACY", "some value"]},
-        {"type": "WORKDIR", "args": ["/srv/app"]},
+        {"type": "WORKDIR", "args": ["$APP_HOME"]},
         {"type": "COPY", "args": ["requirements.txt", "./", "user:user", "0755"]},
         {"type": "COPY", "args": ["app/", "./", "user:user", "0755"]},
         {"type": "RUN", "args": ["pip install -r requirements.txt && echo done"]},
@@ -38,6 +41,29 @@ def test_a_dockerfile_becomes_steps_and_a_start_command() -> None:
     assert recipe.copies[1] == CopySource("app/", "./", "user:user", "0755")
     assert recipe.start_cmd == "python -m http.server 8000"
     assert recipe.notes == ["line 12: EXPOSE is skipped: templates have no use for it"]
+
+
+def test_args_become_env_and_the_template_ends_as_e2bs_user() -> None:
+    """An ARG with a default is ENV for the build (one declared before FROM only when
+    declared again); a file without USER or WORKDIR ends as `user` in its home."""
+    recipe = parse_dockerfile(
+        "ARG TAG=12\nARG JAVA_VERSION=11\nFROM debian:${TAG}\nARG JAVA_VERSION\n"
+        "ARG NONE\nARG DIR=files\nENV JAVA_HOME=/jvm/jdk-${JAVA_VERSION}\n"
+        "COPY ${DIR}/a $JAVA_HOME/\nRUN useradd -m user\n"
+    )
+    assert recipe.from_image == "debian:12"
+    assert recipe.steps == [
+        {"type": "USER", "args": ["root"]},
+        {"type": "WORKDIR", "args": ["/"]},
+        {"type": "ENV", "args": ["JAVA_VERSION", "11"]},
+        {"type": "ENV", "args": ["DIR", "files"]},
+        {"type": "ENV", "args": ["JAVA_HOME", "/jvm/jdk-${JAVA_VERSION}"]},
+        {"type": "COPY", "args": ["files/a", "$JAVA_HOME/", "", ""]},
+        {"type": "RUN", "args": ["useradd -m user"]},
+        {"type": "USER", "args": ["user"]},
+        {"type": "WORKDIR", "args": ["/home/user"]},
+    ]
+    assert recipe.copies == [CopySource("files/a", "$JAVA_HOME/")]
 
 
 def test_e2b_base_is_the_base_template() -> None:
