@@ -75,6 +75,8 @@ def cmd_build(ctx: Context, args: argparse.Namespace) -> int:
             request["cpuCount"] = args.cpu
         if args.memory:
             request["memoryMB"] = args.memory
+        if args.min_free_disk is not None:
+            request["minFreeDiskMb"] = args.min_free_disk
         registered = api.post_json("/v3/templates", request)
         template_id, build_id = registered["templateID"], registered["buildID"]
         ctx.warn(f"building {template_id} (build {build_id})")

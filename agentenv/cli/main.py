@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", type=int, help="vCPUs of its sandboxes")
     p.add_argument("--memory", type=int, metavar="MB", help="memory of its sandboxes")
     p.add_argument("--ready-cmd", help="what must succeed before it is ready (with CMD)")
+    p.add_argument(
+        "--min-free-disk", type=int, metavar="MB", help="free disk space it grows to have"
+    )
     p.add_argument("--no-cache", action="store_true", help="run every step again")
 
     snap = sub.add_parser("snapshot", help="snapshots", description="snapshots")

@@ -243,12 +243,15 @@ class StepBuild:
             pairs = [part for pair in zip(names, values, strict=True) for part in pair]
             return replace(step, args=tuple(pairs))
         if step.kind == "RUN":
-            user = step.args[1] if len(step.args) > 1 and step.args[1] else state.user
-            user = user or DEFAULT_USER
-            await self._need_user(sandbox, user, state)
+            # The step's user (USER, else E2B's `user`) is made when first needed; one a
+            # RUN names itself must exist.
+            default = state.user or DEFAULT_USER
+            user = step.args[1] if len(step.args) > 1 and step.args[1] else default
+            if user == default:
+                await self._need_user(sandbox, user, state)
             # Not yet anywhere: the step user's home (E2B's, `user`'s, once it exists).
             cwd = state.workdir
-            if cwd is None and user == (state.user or DEFAULT_USER):
+            if cwd is None and user == default:
                 cwd = await self._workdir(sandbox, state)
             await self._run(sandbox, step.args[0], user, state, cwd)
             return step

@@ -184,9 +184,12 @@ def test_aenv_builds_a_dockerfile_and_the_sdk_parses_one(
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
     assert built.stdout == "from-docker\n"
-    # RUN keeps $SITE for its shell; COPY and WORKDIR take it from ENV, as in Docker.
-    assert "[builder 5/6] RUN test -r $SITE/index.html" in built.stderr, built.stderr
-    assert "[builder 4/6] COPY site/ /srv/www/" in built.stderr
+    # Steps start as root in / (Docker's defaults) and end as E2B's `user`; the builder
+    # expands $SITE in COPY and WORKDIR from ENV, in order, and RUN's shell has it.
+    assert "[builder 2/10] USER root" in built.stderr, built.stderr
+    assert "[builder 8/10] RUN test -r $SITE/index.html" in built.stderr, built.stderr
+    assert "[builder 7/10] COPY site/ $SITE/" in built.stderr
+    assert "[builder 10/10] USER user" in built.stderr
     sandbox = Sandbox.create("from-docker")
     try:
         assert sandbox.commands.run("curl -s localhost:8080").stdout == "from a Dockerfile\n"
