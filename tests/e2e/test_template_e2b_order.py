@@ -124,7 +124,7 @@ def test_an_e2b_style_dockerfile_builds_and_runs_as_e2bs_would(
     try:
         out = sandbox.commands.run(
             "whoami; pwd; echo $JAVA_HOME $TOOLS_BIN $JAVA_VERSION; cat first sudo-as; "
-            "sudo -n true && echo sudo-ok; stat -c %a /etc/sudoers.d/user; "
+            "sudo -n true && echo sudo-ok; sudo stat -c %a /etc/sudoers.d/user; "
             "curl -s localhost:8081; systemctl is-active hello; test -d /opt/tools/bin && "
             "echo tools; df -Pm / | awk 'NR == 2 {print $4}'"
         ).stdout.splitlines()
