@@ -321,6 +321,7 @@ def test_env_values_are_expanded_by_the_shell_over_earlier_ones() -> None:
     steps = [
         {"type": "ENV", "args": ["A", "1", "HOME_BIN", "/opt/bin"]},
         {"type": "ENV", "args": ["B", "$A-x", "P", "${HOME_BIN}:$UNSET", "Q", 'q"`$(id)`\\n']},
+        {"type": "ENV", "args": ["D", "\\$A is ${A}"]},
         {"type": "RUN", "args": ["make"]},
     ]
     host = FakeHost()
@@ -332,6 +333,7 @@ def test_env_values_are_expanded_by_the_shell_over_earlier_ones() -> None:
         "B": "1-x",
         "P": "/opt/bin:",
         "Q": 'q"`$(id)`\\n',
+        "D": "$A is 1",  # an escaped dollar is literal, as in a Dockerfile
     }
 
 
