@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -230,3 +231,45 @@ def test_the_supervisor_restarts_a_killed_server(agent: FakeAgent, tmp_path: Pat
         assert service.sandbox().run_code("6 * 7").text == "42"
         # The dead server's kernels were killed, not left behind.
         assert all(not Path(f"/proc/{pid}").exists() for pid in kernels)
+
+
+def test_a_client_leaving_while_queued_does_not_interrupt_the_running_cell(
+    sbx: Sandbox, tmp_path: Path
+) -> None:
+    context = sbx.create_code_context()
+    started, release = tmp_path / "started", tmp_path / "release"
+    first: dict[str, Any] = {}
+
+    def run_first() -> None:
+        cell = (
+            f"import os, time\nopen({str(started)!r}, 'w').close()\n"
+            f"while not os.path.exists({str(release)!r}): time.sleep(0.05)\n'first'"
+        )
+        first["execution"] = sbx.run_code(cell, context=context, timeout=60)
+
+    thread = threading.Thread(target=run_first)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not started.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with pytest.raises(TimeoutException):
+        sbx.run_code("'second'", context=context, timeout=1)
+    release.touch()
+    thread.join(60)
+    assert first["execution"].error is None
+    assert first["execution"].text == "first"
+
+
+def test_a_kernel_that_dies_is_reported_and_restarted(sbx: Sandbox) -> None:
+    context = sbx.create_code_context()
+    execution = sbx.run_code("import os; os._exit(1)", context=context, timeout=60)
+    assert execution.error is not None and execution.error.name == "KernelDied"
+    assert sbx.run_code("1 + 1", context=context, timeout=60).text == "2"
+
+
+def test_browsers_may_call_it(service: Service) -> None:
+    preflight = httpx.options(f"{service.url}/execute")
+    assert preflight.status_code == 204
+    assert preflight.headers["Access-Control-Allow-Origin"] == "*"
+    assert httpx.get(f"{service.url}/contexts").headers["Access-Control-Allow-Origin"] == "*"
