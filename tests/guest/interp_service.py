@@ -6,6 +6,7 @@ guest agent that serves ``/envs``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -28,6 +29,8 @@ import agentenv.guest.interpreter
 
 PACKAGE = Path(agentenv.guest.interpreter.__file__).parent
 TOKEN = "test-access-token"
+# Deno's kernel, when the host has deno (on PATH, or AENV_TEST_DENO names the binary).
+DENO = os.environ.get("AENV_TEST_DENO") or shutil.which("deno")
 SANDBOX_ENVS = {"SANDBOX_VAR": "from-agent", "SHARED": "sandbox"}
 
 
@@ -75,7 +78,8 @@ def fake_agent() -> Iterator[FakeAgent]:
 
 
 def install_layout(root: Path) -> tuple[Path, Path]:
-    """The package as /opt/aenv/aenv_interpreter, and a Jupyter data dir with bash's spec."""
+    """The package as /opt/aenv/aenv_interpreter, and a Jupyter data dir with bash's spec
+    (and deno's, as the template writes it, if there is a deno)."""
     opt = root / "opt"
     shutil.copytree(PACKAGE, opt / "aenv_interpreter", ignore=shutil.ignore_patterns("__pycache__"))
     jupyter = root / "jupyter"
@@ -84,7 +88,17 @@ def install_layout(root: Path) -> tuple[Path, Path]:
         check=True,
         capture_output=True,
     )
-    return opt, jupyter / "share" / "jupyter"
+    data = jupyter / "share" / "jupyter"
+    if DENO:
+        spec = {
+            "argv": [DENO, "jupyter", "--kernel", "--conn", "{connection_file}"],
+            "display_name": "Deno",
+            "language": "typescript",
+            "env": {"NO_COLOR": "1"},
+        }
+        (data / "kernels" / "deno").mkdir(parents=True)
+        (data / "kernels" / "deno" / "kernel.json").write_text(json.dumps(spec))
+    return opt, data
 
 
 @dataclass

@@ -17,6 +17,7 @@ from e2b import NotFoundException, SandboxException, TimeoutException
 from e2b_code_interpreter import Sandbox
 
 from tests.guest.interp_service import (
+    DENO,
     SANDBOX_ENVS,
     TOKEN,
     FakeAgent,
@@ -273,3 +274,17 @@ def test_browsers_may_call_it(service: Service) -> None:
     assert preflight.status_code == 204
     assert preflight.headers["Access-Control-Allow-Origin"] == "*"
     assert httpx.get(f"{service.url}/contexts").headers["Access-Control-Allow-Origin"] == "*"
+
+
+@pytest.mark.skipif(DENO is None, reason="no deno on this host (AENV_TEST_DENO names one)")
+def test_javascript_and_typescript_run_on_deno(sbx: Sandbox) -> None:
+    """Deno publishes a cell's output after its idle, and dies of SIGINT: both handled."""
+    execution = sbx.run_code("console.log('hi'); const x = 40; x + 2", language="js")
+    assert (execution.logs.stdout, execution.text) == (["hi\n"], "42")
+    assert sbx.run_code("Deno.env.get('G') + x", language="js", envs={"G": "g"}).text == "g40"
+    assert sbx.run_code("Deno.env.get('SANDBOX_VAR')", language="js").text == "from-agent"
+    with pytest.raises(TimeoutException):
+        sbx.run_code("while (true) {}", language="js", timeout=2)
+    assert sbx.run_code("x * 10", language="js", timeout=20).text == "400"
+    error = sbx.run_code("const y: number = 1; throw new Error('boom' + y)", language="ts").error
+    assert error is not None and (error.name, error.value) == ("Error", "boom1")

@@ -30,7 +30,7 @@ class Context:
         self.language = lang
         self.cwd = cwd
         startup = kernel_startup.code() if lang is PYTHON else ""
-        self.kernel = Kernel(lang.kernel, cwd, startup)
+        self.kernel = Kernel(lang, cwd, startup)
         self.lock = asyncio.Lock()
         # The sandbox's variables once set in this kernel; None until the first cell.
         self.sandbox_env: dict[str, str] | None = None
