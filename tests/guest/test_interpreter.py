@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from e2b import NotFoundException, SandboxException, TimeoutException
-from e2b_code_interpreter import Sandbox
+from e2b_code_interpreter import AsyncSandbox, OutputMessage, Sandbox
 
 from tests.guest.interp_service import (
     DENO,
@@ -288,3 +288,25 @@ def test_javascript_and_typescript_run_on_deno(sbx: Sandbox) -> None:
     assert sbx.run_code("x * 10", language="js", timeout=20).text == "400"
     error = sbx.run_code("const y: number = 1; throw new Error('boom' + y)", language="ts").error
     assert error is not None and (error.name, error.value) == ("Error", "boom1")
+
+
+async def test_the_async_sdk_streams_too(service: Service) -> None:
+    sync = service.sandbox()
+    sbx = AsyncSandbox(
+        sandbox_id=sync.sandbox_id,
+        sandbox_domain=None,
+        envd_version=sync._envd_version,
+        envd_access_token=TOKEN,
+        traffic_access_token=None,
+        connection_config=sync.connection_config,
+    )
+    lines: list[str] = []
+
+    async def on_stdout(message: OutputMessage) -> None:
+        lines.append(message.line)
+
+    execution = await sbx.run_code("print('async'); 'value'", on_stdout=on_stdout)
+    assert (lines, execution.text) == (["async\n"], "value")
+    context = await sbx.create_code_context()
+    assert context.id in {c.id for c in await sbx.list_code_contexts()}
+    await sbx.remove_code_context(context)
