@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import agentenv
 
 ROOT = Path(agentenv.__file__).parent
@@ -29,8 +31,8 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("entry points", {"cli", "cluster", "server"}),
 ]
 FLOOR_OF = {unit: level for level, (_, units) in enumerate(FLOORS) for unit in units}
-# Copied into the guest as its own package: it may import nothing else of agentenv.
-GUEST_AGENT = "guest.agent"
+# Copied into the guest as packages of their own: each may import nothing else of agentenv.
+ISLANDS = ["guest.agent", "guest.interpreter"]
 
 
 def unit_of(module: str) -> str:
@@ -95,13 +97,14 @@ def test_imports_run_down_the_floors() -> None:
     assert wrong == []
 
 
-def test_the_guest_agent_imports_only_itself() -> None:
-    agent = ROOT.joinpath(*GUEST_AGENT.split("."))
+@pytest.mark.parametrize("island", ISLANDS)
+def test_a_guest_package_imports_only_itself(island: str) -> None:
+    package = ROOT.joinpath(*island.split("."))
     outside = [
         f"{path.relative_to(ROOT.parent)}:{line} {target}"
-        for path in sorted(agent.rglob("*.py"))
+        for path in sorted(package.rglob("*.py"))
         for line, target in imports_of(path)
-        if not target.startswith(f"agentenv.{GUEST_AGENT}")
+        if not target.startswith(f"agentenv.{island}")
     ]
     assert outside == []
 

@@ -1,0 +1,71 @@
+"""Language names the SDKs send -> the Jupyter kernel that runs them, and the code that
+sets an environment variable in each."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+
+class UnknownLanguage(ValueError):
+    """A language no kernel of this service runs."""
+
+
+@dataclass(frozen=True)
+class Language:
+    name: str
+    kernel: str  # the kernelspec's name
+
+    def set_env(self, env: dict[str, str]) -> str:
+        """Code that sets these variables in the kernel's process (Java: system properties)."""
+        return "\n".join(self._set(key, value) for key, value in env.items())
+
+    def unset_env(self, keys: list[str]) -> str:
+        return "\n".join(self._unset(key) for key in keys)
+
+    def _set(self, key: str, value: str) -> str:
+        k, v = json.dumps(key), json.dumps(value)
+        if self.kernel == "python3":
+            return f"__import__('os').environ[{k}] = {v}"
+        if self.kernel == "deno":
+            return f"Deno.env.set({k}, {v});"
+        if self.kernel == "ir":
+            return f"do.call(Sys.setenv, setNames(list({v}), {k}))"
+        if self.kernel == "bash":
+            return f"export {shlex.quote(key)}={shlex.quote(value)}"
+        return f"System.setProperty({k}, {v});"
+
+    def _unset(self, key: str) -> str:
+        k = json.dumps(key)
+        if self.kernel == "python3":
+            return f"__import__('os').environ.pop({k}, None)"
+        if self.kernel == "deno":
+            return f"Deno.env.delete({k});"
+        if self.kernel == "ir":
+            return f"Sys.unsetenv({k})"
+        if self.kernel == "bash":
+            return f"unset {shlex.quote(key)}"
+        return f"System.clearProperty({k});"
+
+
+PYTHON = Language("python", "python3")
+# What a context reports as its language: E2B's names (js -> javascript, ts -> typescript).
+_LANGUAGES = {
+    "python": PYTHON,
+    "javascript": Language("javascript", "deno"),
+    "typescript": Language("typescript", "deno"),
+    "r": Language("r", "ir"),
+    "bash": Language("bash", "bash"),
+    "java": Language("java", "java"),
+}
+_ALIASES = {"js": "javascript", "ts": "typescript", "python3": "python", "sh": "bash"}
+
+
+def language(name: str | None) -> Language:
+    """The language for a name the SDK sends (case and spaces ignored; none is Python)."""
+    key = (name or "python").strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in _LANGUAGES:
+        raise UnknownLanguage(f"language {name!r} is not supported")
+    return _LANGUAGES[key]
