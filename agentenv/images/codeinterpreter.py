@@ -80,6 +80,8 @@ DENO_KERNEL = {
     "argv": ["/usr/local/bin/deno", "jupyter", "--kernel", "--conn", "{connection_file}"],
     "display_name": "Deno",
     "language": "typescript",
+    # Plain results, as E2B's: deno colours a value's text/plain form otherwise.
+    "env": {"NO_COLOR": "1"},
 }
 # Imported once at build time, so the first sandbox finds font and bytecode caches made.
 SMOKE_IMPORTS = "import numpy, pandas, scipy, sklearn, seaborn, matplotlib.pyplot, ipykernel"
@@ -113,6 +115,7 @@ def code_interpreter_inputs(cfg: Config) -> dict[str, object]:
         "apt_packages": list(APT_PACKAGES),
         "pip_packages": list(PIP_PACKAGES),
         "deno": list(DENO),
+        "deno_kernel": DENO_KERNEL,
         "kernels": list(KERNELS),
         "user": [USER, UID],
         "min_size_mb": cfg.sandbox.disk_size_mb,
