@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from e2b.exceptions import TimeoutException
+from e2b.exceptions import SandboxException, TimeoutException
 from e2b_code_interpreter import Sandbox
 
 from ..live import LiveServer
@@ -86,12 +86,18 @@ def test_javascript_r_and_bash(sbx: Sandbox) -> None:
     assert js.text == "42"
     r = sbx.run_code("x <- c(1, 2, 3)\nsum(x)", language="r")
     assert r.error is None, r.error
-    assert r.text is not None and "6" in r.text
+    # IRkernel shows a value as display data, not as the cell's result.
+    assert [result.text for result in r.results] == ["[1] 6"]
     bash = sbx.run_code("echo from-bash; echo $((40 + 2))", language="bash")
     assert bash.logs.stdout and "".join(bash.logs.stdout) == "from-bash\n42\n"
 
 
-def test_java_if_its_kernel_is_there(sbx: Sandbox) -> None:
+@pytest.mark.xfail(
+    raises=SandboxException,
+    strict=True,
+    reason="the service gives a kernel 60 s to start; jjava's JVM takes longer under TCG",
+)
+def test_java(sbx: Sandbox) -> None:
     execution = sbx.run_code('System.out.println("from java " + (40 + 2));', language="java")
     assert execution.error is None, execution.error
     assert "".join(execution.logs.stdout) == "from java 42\n"
@@ -102,8 +108,9 @@ def test_contexts_have_their_own_state_and_directory(sbx: Sandbox) -> None:
     try:
         assert context.cwd == "/tmp"
         sbx.run_code("mine = 'context'", context=context)
-        assert sbx.run_code("import os; os.getcwd()", context=context).text == "'/tmp'"
-        assert sbx.run_code("mine", context=context).text == "'context'"
+        # A string's quotes go, as in E2B's service.
+        assert sbx.run_code("import os; os.getcwd()", context=context).text == "/tmp"
+        assert sbx.run_code("mine", context=context).text == "context"
         assert sbx.run_code("'mine' in globals()").text == "False"
         assert context.id in {c.id for c in sbx.list_code_contexts()}
         sbx.restart_code_context(context)
@@ -124,7 +131,7 @@ def test_env_vars_per_call_over_the_sandboxs(sbx: Sandbox) -> None:
 def test_a_timeout_stops_the_call_and_the_context_runs_on(sbx: Sandbox) -> None:
     with pytest.raises(TimeoutException):
         sbx.run_code("import time\nwhile True: time.sleep(0.1)", timeout=3)
-    assert sbx.run_code("'still here'").text == "'still here'"
+    assert sbx.run_code("'still here'").text == "still here"
 
 
 def test_two_contexts_run_at_once(sbx: Sandbox) -> None:
@@ -171,9 +178,9 @@ def test_each_fork_keeps_the_kernels_state(code_interpreter_server: LiveServer) 
         assert len(children) == 2, results
         for child_id in children:
             child = Sandbox.connect(child_id)
-            assert child.run_code("forked").text == "'from the parent'"
+            assert child.run_code("forked").text == "from the parent"
             child.run_code("forked = 'changed in ' + str(id(forked))")
-        assert parent.run_code("forked").text == "'from the parent'"
+        assert parent.run_code("forked").text == "from the parent"
     finally:
         for sandbox_id in (parent.sandbox_id, *children):
             Sandbox.kill(sandbox_id)

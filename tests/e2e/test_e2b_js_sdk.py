@@ -202,6 +202,6 @@ def test_js_code_interpreter_sdk(node_sdk: str, code_interpreter_server: LiveSer
         "results": ["42"],
         "kept": "41",
         "js": "42",
-        "cwd": "'/tmp'",
+        "cwd": "/tmp",
         "error": "ZeroDivisionError",
     }
