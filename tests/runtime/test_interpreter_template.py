@@ -192,6 +192,11 @@ def test_a_failed_build_is_recorded_and_creates_are_told_why(
     assert claim is not None and claim.state == "failed" and "ready command" in claim.reason
     with pytest.raises(NotFound, match="failed to build: ready command"):
         asyncio.run(node.await_ready(wait=0))
+    # The node's next start tries again.
+    host.exits.pop(READY_CMD)
+    asyncio.run(node.ensure())
+    claim = node.read_claim()
+    assert claim is not None and claim.state == "ready" and node.missing is None
 
 
 def test_without_the_image_a_create_is_told_how_to_build_it(tmp_path: Path, service: Path) -> None:

@@ -128,22 +128,26 @@ class CodeInterpreterTemplate:
             log.warning("%s", self.missing)
             return
         key = await asyncio.to_thread(self.key, image)
+        waited = False
         while True:
             claim = await asyncio.to_thread(self.read_claim)
             if claim is not None and claim.key == key:
                 if claim.state == "ready" and await self._exists():
                     log.info("%s is up to date (%s)", TEMPLATE, key)
                     return
-                if claim.state == "failed":
+                if claim.state == "failed" and waited:
+                    # The build this node waited for failed; a node's next start tries again.
                     self.missing = f"template '{TEMPLATE}' failed to build: {claim.reason}"
                     return
                 if claim.state == "building" and claim.node != self.node_name:
                     if not claim.stale(time.time()):
+                        waited = True
                         await asyncio.sleep(POLL)
                         continue
                     log.warning("%s: node %s stopped building; taking over", TEMPLATE, claim.node)
             if await self._claim(key):
                 break
+            waited = True
         await self._build(image, key)
 
     async def _exists(self) -> bool:
@@ -198,6 +202,7 @@ class CodeInterpreterTemplate:
             log.error("%s", self.missing)
             return
         await asyncio.to_thread(self._finish, key, "ready", "")
+        self.missing = None
         log.info("%s built in %.0fs", TEMPLATE, time.monotonic() - t0)
 
     @contextlib.contextmanager
