@@ -30,7 +30,7 @@ class Context:
         self.language = lang
         self.cwd = cwd
         startup = kernel_startup.code() if lang is PYTHON else ""
-        self.kernel = Kernel(lang.kernel, cwd, startup)
+        self.kernel = Kernel(lang, cwd, startup)
         self.lock = asyncio.Lock()
         # The sandbox's variables once set in this kernel; None until the first cell.
         self.sandbox_env: dict[str, str] | None = None
@@ -71,6 +71,9 @@ class Execution:
         # None: a second without output (a keepalive's moment); the stream ends with END.
         self.outputs: asyncio.Queue[Output | None] = asyncio.Queue()
         self.abandoned = False
+        # Holding the context's lock: only then may a client that leaves interrupt the kernel
+        # (before, the kernel runs someone else's cell).
+        self.running = False
         self.task = asyncio.create_task(self._run(code, env_vars, access_token))
         _RUNNING.add(self.task)
         self.task.add_done_callback(_RUNNING.discard)
@@ -83,7 +86,7 @@ class Execution:
     async def abandon(self) -> None:
         """The client left: stop the cell (a timeout in the SDK ends here)."""
         self.abandoned = True
-        if not self.task.done():
+        if self.running:
             log.info("client left context %s mid-cell: interrupting", self.context.id)
             with contextlib.suppress(Exception):
                 await self.context.kernel.interrupt()
@@ -92,7 +95,13 @@ class Execution:
         context = self.context
         try:
             async with context.lock:
-                await self._cell(code, env_vars, access_token)
+                if self.abandoned:
+                    return
+                self.running = True
+                try:
+                    await self._cell(code, env_vars, access_token)
+                finally:
+                    self.running = False
         except Exception:
             log.exception("execution in context %s failed", context.id)
             self.outputs.put_nowait(outputs.error("InternalError", "see the service's log", ""))

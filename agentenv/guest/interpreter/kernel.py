@@ -12,6 +12,8 @@ from typing import Any
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 
+from .languages import Language
+
 log = logging.getLogger("aenv_interpreter")
 
 Message = dict[str, Any]
@@ -30,16 +32,23 @@ class CellFailed(RuntimeError):
 class Kernel:
     """A running kernel; cells are routed to their caller by the request's msg_id."""
 
-    def __init__(self, spec: str, cwd: str, startup_code: str = "") -> None:
-        self.spec = spec
+    def __init__(self, language: Language, cwd: str, startup_code: str = "") -> None:
+        self.spec = language.kernel
         self.cwd = cwd
         self.startup_code = startup_code
-        self._manager = AsyncKernelManager(kernel_name=spec)
+        self._manager = AsyncKernelManager(kernel_name=self.spec)
+        # Deno's kernel publishes a cell's output after the cell's status idle: such a cell
+        # ends only once a kernel_info request sent at its idle has been answered on iopub.
+        self.output_trails_idle = language.output_trails_idle
+        self.interrupt_by_message = language.interrupt_by_message
         self._client: AsyncKernelClient | None = None
         self._cells: dict[str, asyncio.Queue[Message | None]] = {}
         self._readers: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
+        spec = self._manager.kernel_spec  # raises NoSuchKernel when not installed
+        if spec is not None and self.interrupt_by_message:
+            spec.interrupt_mode = "message"
         await self._manager.start_kernel(cwd=self.cwd)
         await self._connect()
 
@@ -66,6 +75,7 @@ class Kernel:
         )
         queue: asyncio.Queue[Message | None] = asyncio.Queue()
         self._cells[msg_id] = queue
+        marker = ""
         try:
             while True:
                 try:
@@ -79,12 +89,19 @@ class Kernel:
                     continue
                 if msg is None:
                     raise KernelDied(f"the {self.spec} kernel stopped while the cell ran")
+                idle = msg["content"].get("execution_state") == "idle"
+                parent = msg["parent_header"].get("msg_id")
                 if msg["msg_type"] != "status":
-                    yield msg
-                elif msg["content"].get("execution_state") == "idle":
+                    if parent == msg_id:
+                        yield msg
+                elif idle and (parent == marker or not self.output_trails_idle):
                     return
+                elif idle and parent == msg_id:
+                    marker = client.kernel_info()
+                    self._cells[marker] = queue
         finally:
             del self._cells[msg_id]
+            self._cells.pop(marker, None)
 
     async def run_quietly(self, code: str) -> None:
         """Run a cell of the service's own; raise CellFailed if it raised."""

@@ -17,6 +17,16 @@ class Language:
     name: str
     kernel: str  # the kernelspec's name
 
+    @property
+    def output_trails_idle(self) -> bool:
+        """Deno's kernel publishes a cell's output after the cell's status idle."""
+        return self.kernel == "deno"
+
+    @property
+    def interrupt_by_message(self) -> bool:
+        """Deno's kernel dies of SIGINT but stops a cell on an interrupt_request."""
+        return self.kernel == "deno"
+
     def set_env(self, env: dict[str, str]) -> str:
         """Code that sets these variables in the kernel's process (Java: system properties)."""
         return "\n".join(self._set(key, value) for key, value in env.items())

@@ -8,7 +8,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -24,6 +24,8 @@ DEFAULT_CWD = os.environ.get("AENV_INTERPRETER_CWD", "/home/user")
 # A keepalive after this many seconds of a quiet cell: writing is how a gone client shows.
 KEEPALIVE_TICKS = 5
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
 
 def _text(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=message)
@@ -35,6 +37,28 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
     return body
+
+
+# Browsers may call the service straight from a page (the JS SDK), as E2B's allows.
+CORS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Methods": "*",
+    "Access-Control-Allow-Headers": "*",
+}
+
+
+@web.middleware
+async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.method == "OPTIONS":
+        return web.Response(status=204, headers=CORS)
+    try:
+        response = await handler(request)
+    except web.HTTPException as err:
+        err.headers.update(CORS)
+        raise
+    if not response.prepared:
+        response.headers.update(CORS)
+    return response
 
 
 class Service:
@@ -77,7 +101,7 @@ class Service:
 
         token = request.headers.get("X-Access-Token")
         run = context.execute(code, {str(k): str(v) for k, v in env_vars.items()}, token)
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", **CORS})
         quiet = 0
         try:
             await response.prepare(request)
@@ -148,7 +172,7 @@ class Service:
 
 def make_app(default_cwd: str = DEFAULT_CWD) -> web.Application:
     service = Service(default_cwd)
-    app = web.Application()
+    app = web.Application(middlewares=[cors])
     app.router.add_get("/health", service.health)
     app.router.add_post("/execute", service.execute)
     app.router.add_post("/contexts", service.create_context)
