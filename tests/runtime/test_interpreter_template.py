@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentenv.config import Config
-from agentenv.errors import NotFound, error_answer
+from agentenv.errors import NotFound, TemplateBeingBuilt, error_answer
 from agentenv.images.builder import TemplateBuilds
 from agentenv.images.buildfiles import BuildFiles
 from agentenv.images.catalog import TemplateCatalog
@@ -28,7 +28,6 @@ from agentenv.runtime.node.interpreter import (
     SERVICE_DIR,
     START_CMD,
     TEMPLATE,
-    BeingBuilt,
     Claim,
     CodeInterpreterTemplate,
     service_archive,
@@ -152,11 +151,12 @@ def test_another_nodes_build_is_waited_for_and_a_create_meanwhile_gets_a_503(
 
     async def scenario() -> None:
         waiting = asyncio.create_task(other.ensure())
-        with pytest.raises(BeingBuilt) as caught:
+        with pytest.raises(TemplateBeingBuilt) as caught:
             await other.await_ready(wait=0.05)
         answer = error_answer(caught.value)
         assert answer.status == 503 and answer.headers()["Retry-After"] == "30"
         assert "is being built" in answer.message
+        assert answer.body()["error_code"] == "template_being_built"
         assert not waiting.done()  # it waits for node-1's build, not builds its own
         builder._write_claim(Claim(key, "node-1", "ready", time.time()))
         other_host.snapshots.append((TEMPLATE, None, True))  # node-1's, in the shared store

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ...errors import NotFound, Unavailable
+from ...errors import NotFound, TemplateBeingBuilt
 from ...guest.kit import load_kit
 from ...images.builder import TemplateBuilds
 from ...images.buildsteps import Step
@@ -53,9 +53,8 @@ VCPUS, MEMORY_MB = 2, 1024
 READY_TIMEOUT = 600.0
 # Bump when what the node builds changes for the same inputs.
 FORMAT = 1
-# How long a create waits for a build under way before its 503, and the retry advice.
+# How long a create waits for a build under way before its 503 (Retry-After: 30).
 CREATE_WAIT = 30.0
-RETRY_AFTER = 30
 # A claimant renews its claim this often; one not renewed for CLAIM_STALE is taken over.
 CLAIM_RENEW = 15.0
 CLAIM_STALE = 90.0
@@ -267,18 +266,12 @@ class CodeInterpreterTemplate:
                 raise NotFound(f"template '{TEMPLATE}' failed to build: {claim.reason}")
             if time.monotonic() >= deadline:
                 if building or self.missing is None:
-                    raise BeingBuilt(
+                    raise TemplateBeingBuilt(
                         f"template '{TEMPLATE}' is being built (a few minutes after the "
-                        f"platform's first start); retry in {RETRY_AFTER} s"
+                        f"platform's first start); retry in {TemplateBeingBuilt.retry_after} s"
                     )
                 raise NotFound(f"template '{TEMPLATE}' not found")
             await asyncio.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
-
-
-class BeingBuilt(Unavailable):
-    """A create of the built-in template while it is being built."""
-
-    retry_after = RETRY_AFTER
 
 
 def service_hash(src: Path) -> str:
