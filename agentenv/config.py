@@ -45,6 +45,9 @@ class ServerConfig:
     # key. Former keys, comma-separated, still open what they sealed (docs/security.md).
     secrets_key: str = ""
     secrets_old_keys: str = ""
+    # Make the built-in `code-interpreter-v1` template at start (from the image `aenv kit
+    # build` makes), so E2B's code interpreter SDKs work unchanged.
+    code_interpreter: bool = True
 
 
 @dataclass

@@ -75,6 +75,15 @@ class Unavailable(AenvError):
     retry_after: int | None = RETRY_AFTER_SECONDS
 
 
+class TemplateBeingBuilt(Unavailable):
+    """A create of a built-in template while it is being built. Every node of a cluster
+    gives the same answer (they share the build's state), so the control plane passes it
+    on rather than asking the next node."""
+
+    retry_after = 30
+    error_code = "template_being_built"
+
+
 class PermanentlyUnavailable(Unavailable):
     """A 503 no retry changes: this host lacks what the request needs (its kit, vCPUs)."""
 

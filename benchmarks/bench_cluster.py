@@ -21,7 +21,11 @@ import httpx
 from agentenv.cluster.local import LocalCluster
 from agentenv.wire import ENVD_PORT
 
-ENV = {"AENV_SANDBOX_MEMORY_MB": "256", "AENV_CLUSTER_HEARTBEAT_INTERVAL": "1"}
+ENV = {
+    "AENV_SANDBOX_MEMORY_MB": "256",
+    "AENV_CLUSTER_HEARTBEAT_INTERVAL": "1",
+    "AENV_SERVER_CODE_INTERPRETER": "false",
+}
 
 
 def requests_per_second(url: str, sandbox_id: str, count: int, workers: int) -> float:

@@ -73,6 +73,8 @@ class LiveServer:
             "AENV_NET_NAME_PREFIX": self.network[0],
             "AENV_NET_HOST_SUBNET": self.network[1],
             "AENV_SANDBOX_MEMORY_MB": "256",
+            # Its build takes minutes: only the code interpreter's tests turn it on.
+            "AENV_SERVER_CODE_INTERPRETER": "false",
             **self.extra_env,
         }
 

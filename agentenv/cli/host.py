@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import time
+from collections.abc import Callable
 from typing import Any
 
 from agentenv.cli.context import CliError, Context
@@ -27,13 +29,30 @@ def import_attr(module: str, name: str) -> Any:
 
 
 def cmd_kit_build(ctx: Context, args: argparse.Namespace) -> int:
-    """Build the guest kit (kernel, initrd, runtime disk), then the base template."""
+    """Build the guest kit (kernel, initrd, runtime disk), the base template, then the
+    code interpreter's root filesystem unless skipped."""
     cfg = load_cfg(args.config)
     build_kit = import_attr("agentenv.guest.kit", "build_kit")
     build_base = import_attr("agentenv.images.base", "build_base_template")
     build_kit(cfg, force=args.force)
     build_base(cfg, force=args.force)
+    if args.skip_code_interpreter:
+        print("code interpreter image: skipped (`code-interpreter-v1` will not be offered)")
+        return 0
+    build = import_attr("agentenv.images.codeinterpreter", "build_code_interpreter")
+    build(cfg, force=args.force, progress=timed_progress())
     return 0
+
+
+def timed_progress() -> Callable[[str], None]:
+    """Progress lines stamped with the time since the build began (it takes minutes)."""
+    t0 = time.monotonic()
+
+    def report(line: str) -> None:
+        elapsed = int(time.monotonic() - t0)
+        print(f"[{elapsed // 60:2d}:{elapsed % 60:02d}] {line}", flush=True)
+
+    return report
 
 
 def cmd_server(ctx: Context, args: argparse.Namespace) -> int:

@@ -171,10 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = _add(sub, "doctor", doctor.cmd_doctor, "check this host's prerequisites")
     _config_arg(p)
 
-    kit = sub.add_parser("kit", help="guest kit and base template", description="guest kit")
+    kit = sub.add_parser("kit", help="guest kit and built-in templates", description="guest kit")
     kit_sub = kit.add_subparsers(dest="kit_command", metavar="COMMAND", required=True)
-    p = _add(kit_sub, "build", host.cmd_kit_build, "build the guest kit and the base template")
+    p = _add(
+        kit_sub, "build", host.cmd_kit_build,
+        "build the guest kit, the base template and the code interpreter's image",
+    )  # fmt: skip
     p.add_argument("--force", action="store_true", help="rebuild even if present")
+    p.add_argument(
+        "--skip-code-interpreter",
+        action="store_true",
+        help="do not build the code interpreter's image (~2 GB, the longest part)",
+    )
     _config_arg(p)
 
     group = sub.add_parser("cluster", help="a local cluster", description="a local cluster")

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ..api.idempotency import IDEMPOTENCY_KEY
 from ..api.models import MAX_METRICS_SANDBOXES, SandboxesWithMetrics, SandboxMetric
 from ..config import Config
-from ..errors import InvalidInput, NotFound, Unavailable
+from ..errors import InvalidInput, NotFound, TemplateBeingBuilt, Unavailable
 from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
 from ..state.lifecycle import Event, allows
@@ -193,7 +193,7 @@ class ControlPlane:
                 lost = not isinstance(exc, httpx.ConnectError)
             else:
                 lost = attempt.status_code in _LOST_ON_THE_WAY
-                if attempt.status_code != 503 and not lost:
+                if (attempt.status_code != 503 and not lost) or _being_built(attempt):
                     return attempt
                 answer = attempt
             if lost:
@@ -264,3 +264,11 @@ def _message(answer: httpx.Response) -> str:
         return str(answer.json().get("message", answer.text))
     except ValueError:
         return answer.text
+
+
+def _being_built(answer: httpx.Response) -> bool:
+    """A node's 503 for a template still being built: another node would say the same."""
+    try:
+        return bool(answer.json().get("error_code") == TemplateBeingBuilt.error_code)
+    except (ValueError, AttributeError):
+        return False

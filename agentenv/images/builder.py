@@ -67,20 +67,22 @@ class TemplateBuilds:
         recipe: Recipe,
         image: str | None,
         credentials: tuple[str, str] | None,
-    ) -> None:
-        """Run `recipe` in a build sandbox; `image`, when given, is pulled to be its parent."""
-        self._start(build, self._steps(build, recipe, image, credentials))
+    ) -> asyncio.Task[None]:
+        """Run `recipe` in a build sandbox; `image`, when given, is pulled to be its parent.
+        The task ends with the build (its outcome is on `build`)."""
+        return self._start(build, self._steps(build, recipe, image, credentials))
 
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _start(self, build: Build, work: Coroutine[Any, Any, None]) -> None:
+    def _start(self, build: Build, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         build.start()
         task = asyncio.create_task(_run(build, work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _pull(self, build: Build, image: str, credentials: tuple[str, str] | None) -> None:
         record = await self._pulled(build, image, build.template_id, credentials)

@@ -11,7 +11,7 @@ import pytest
 
 from agentenv.config import Config
 from agentenv.control.plane import ControlPlane
-from agentenv.errors import NotFound, Unavailable
+from agentenv.errors import NotFound, TemplateBeingBuilt, Unavailable, error_answer
 from agentenv.state.idempotency import KEY_SHAPE
 from agentenv.state.lifecycle import State
 from agentenv.state.nodes import NodeCapacity, NodeEvent
@@ -155,4 +155,29 @@ async def test_a_create_from_an_unknown_name_is_the_nodes_404(
         created = await plane.create("/v2/sandboxes", b'{"templateID": "gone:v1"}', {})
         assert created.status_code == 404 and len(calls) == 1
         assert created.json()["message"] == "template 'gone' not found"
+    await engine.dispose()
+
+
+async def test_a_template_being_built_is_answered_by_the_first_node(
+    tmp_path: Path, state_url: str
+) -> None:
+    """Nodes share the build's state: the next node would only make the client wait again."""
+    cfg = Config()
+    cfg.paths.home = str(tmp_path)
+    calls: list[str] = []
+    building = error_answer(TemplateBeingBuilt("template 'code-interpreter-v1' is being built"))
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.host)
+        return httpx.Response(503, json=building.body(), headers=building.headers())
+
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        plane = ControlPlane(cfg, engine, client)
+        for name in ("n1", "n2"):
+            capacity = NodeCapacity(memory_mb=4096, committed_memory_mb=0)
+            await plane.nodes.register(name, f"http://{name}", capacity)
+        created = await plane.create("/v2/sandboxes", b'{"templateID": "code-interpreter-v1"}', {})
+    assert created.status_code == 503 and created.headers["Retry-After"] == "30"
+    assert len(calls) == 1
     await engine.dispose()

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Iterator
+
 import pytest
 
-from ..live import TEST_KEY, LiveServer
+from agentenv.config import load_config
+
+from ..live import TEST_KEY, LiveServer, leftovers, sweep
+
+# The built-in template's build on a fresh server: minutes under TCG (docs/code-interpreter.md).
+TEMPLATE_BUILD_TIMEOUT = 1800.0
 
 
 @pytest.fixture
@@ -13,3 +22,53 @@ def e2b_env(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("E2B_API_URL", server.url)
     monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
     monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+
+
+@pytest.fixture(scope="session")
+def code_interpreter_server(
+    kit_ready: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """The one server of the session that builds `code-interpreter-v1` (it takes minutes),
+    shared by every code interpreter test; its image comes from `aenv kit build`."""
+    from agentenv.images.codeinterpreter import build_code_interpreter
+
+    build_code_interpreter(load_config())
+    live = LiveServer(
+        tmp_path_factory.mktemp("aenv-ci-home"),
+        extra_env={"AENV_SERVER_CODE_INTERPRETER": "true"},
+    )
+    live.start()
+    try:
+        wait_for_code_interpreter(live)
+        yield live
+    finally:
+        live.close()
+    left = leftovers(live)
+    sweep(live)
+    assert not left, f"the code interpreter's server left {left}"
+
+
+def wait_for_code_interpreter(live: LiveServer) -> None:
+    """Until the server's claim on the built-in template says it is built."""
+    claim_file = live.home / "objects" / "builtin" / "code-interpreter-v1.json"
+    deadline = time.monotonic() + TEMPLATE_BUILD_TIMEOUT
+    while time.monotonic() < deadline:
+        if claim_file.exists():
+            claim = json.loads(claim_file.read_text())
+            if claim["state"] == "ready":
+                return
+            if claim["state"] == "failed":
+                pytest.fail(f"code-interpreter-v1 failed to build: {claim['reason']}")
+        time.sleep(2)
+    pytest.fail(f"code-interpreter-v1 was not built in time: {live.log_tail()}")
+
+
+@pytest.fixture
+def code_interpreter_env(
+    code_interpreter_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> LiveServer:
+    """The E2B SDK's three variables, pointing at the code interpreter's server."""
+    monkeypatch.setenv("E2B_API_URL", code_interpreter_server.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", code_interpreter_server.url)
+    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+    return code_interpreter_server

@@ -89,6 +89,7 @@ def cluster(kit_ready: None, request: pytest.FixtureRequest) -> Iterator[Cluster
             "AENV_SANDBOX_MEMORY_MB": "256",
             "AENV_CLUSTER_HEARTBEAT_INTERVAL": "1",
             "AENV_CLUSTER_NODE_TIMEOUT": str(NODE_TIMEOUT),
+            "AENV_SERVER_CODE_INTERPRETER": "false",
         },
     )
     state = local.up(3)

@@ -31,7 +31,7 @@ def node_sdk() -> str:
         pytest.fail("the TypeScript SDK tests need `node` and `npm` on PATH (Node 20 or newer)")
     installed_already = all(
         (JS_DIR / "node_modules" / package / "package.json").exists()
-        for package in ("e2b", "@e2b/cli")
+        for package in ("e2b", "@e2b/cli", "@e2b/code-interpreter")
     )
     if not installed_already:
         installed = subprocess.run(
@@ -190,3 +190,18 @@ def test_the_e2b_cli_works_against_the_server(node_sdk: str, server: LiveServer)
     finally:
         e2b("sandbox", "kill", sandbox_id)
     assert sandbox_id not in e2b("sandbox", "list")
+
+
+@pytest.mark.slow
+def test_js_code_interpreter_sdk(node_sdk: str, code_interpreter_server: LiveServer) -> None:
+    """`@e2b/code-interpreter`, unmodified, on the server that built `code-interpreter-v1`."""
+    results = run_scenario(node_sdk, code_interpreter_server, "codeInterpreter")
+    assert results == {
+        "sum": "2",
+        "stdout": "streamed\n",
+        "results": ["42"],
+        "kept": "41",
+        "js": "42",
+        "cwd": "/tmp",
+        "error": "ZeroDivisionError",
+    }

@@ -58,6 +58,8 @@ from ..snapshots.servedram import ServedRam
 from .buildhost import NodeBuildHost
 from .collect import Collector
 from .heartbeat import NodePresence
+from .interpreter import TEMPLATE as CODE_INTERPRETER
+from .interpreter import CodeInterpreterTemplate
 from .memorykeeper import MemoryKeeper
 from .recovery import recover
 from .sweeper import run_sweeper
@@ -105,6 +107,9 @@ class Node:
         self.credentials = credentials
         self.memory = MemoryKeeper(manager, self.pauses.pause)
         builds.host = NodeBuildHost(self.create, snapshots)
+        self.code_interpreter = CodeInterpreterTemplate(
+            builds, cfg.node_name, snapshots.registry.lookup
+        )
         self._stack = stack
 
     @classmethod
@@ -248,6 +253,12 @@ class Node:
             node.memory.run_every(cfg.sandbox.memory_sample_interval),
             credentials.identity.run_every(),
         ]
+        if cfg.server.code_interpreter:
+            tasks.append(node.code_interpreter.ensure())
+        else:
+            node.code_interpreter.missing = (
+                f"template '{CODE_INTERPRETER}' not found (server.code_interpreter is off)"
+            )
         if cfg.server.role == "node":
             presence = NodePresence(nodes, manager, snapshots, blockd)
             await presence.register()
@@ -262,6 +273,10 @@ class Node:
         template (`name`, `name:default`), else, with `registry.pull_on_create`, the image
         a full reference names, pulled once. Anything else is a 404, never a pull."""
         snapshot = await asyncio.to_thread(self.snapshots.registry.lookup, request.template_id)
+        if snapshot is None and request.template_id.partition(":")[0] == CODE_INTERPRETER:
+            # Built in, maybe still being built: wait for it a while, else a 503.
+            await self.code_interpreter.await_ready()
+            snapshot = await asyncio.to_thread(self.snapshots.registry.lookup, request.template_id)
         if snapshot is not None:
             return await self.snapshots.create(snapshot, request)
         request.template_id = await asyncio.to_thread(self._template_named, request.template_id)

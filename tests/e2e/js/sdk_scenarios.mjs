@@ -6,6 +6,7 @@
 // with the failure's message on stderr.
 
 import assert from 'node:assert/strict'
+import { Sandbox as CodeInterpreter } from '@e2b/code-interpreter'
 import { CommandExitError, FileNotFoundError, NotFoundError, Sandbox, TimeoutError } from 'e2b'
 
 const TAG = `js-${process.pid}-${Date.now()}`
@@ -312,6 +313,30 @@ async function notFound() {
   return out
 }
 
+async function codeInterpreter() {
+  const out = {}
+  const sbx = await CodeInterpreter.create({ metadata: { sdk: 'js', tag: TAG } })
+  try {
+    out.sum = (await sbx.runCode('1+1')).text
+    const stdout = []
+    const results = []
+    await sbx.runCode('print("streamed")\nkept = 41\nkept + 1', {
+      onStdout: (m) => stdout.push(m.line),
+      onResult: (r) => results.push(r.text),
+    })
+    out.stdout = stdout.join('')
+    out.results = results
+    out.kept = (await sbx.runCode('kept')).text
+    out.js = (await sbx.runCode('const a: number = 40; a + 2', { language: 'ts' })).text
+    const context = await sbx.createCodeContext({ cwd: '/tmp' })
+    out.cwd = (await sbx.runCode('import os; os.getcwd()', { context })).text
+    out.error = (await sbx.runCode('1 / 0')).error?.name
+  } finally {
+    await sbx.kill().catch(() => {})
+  }
+  return out
+}
+
 const SCENARIOS = {
   commands: () => withSandbox(commands),
   background: () => withSandbox(background),
@@ -319,6 +344,7 @@ const SCENARIOS = {
   files: () => withSandbox(files),
   lifecycle: () => withSandbox(lifecycle),
   not_found: notFound,
+  codeInterpreter,
   network,
 }
 
