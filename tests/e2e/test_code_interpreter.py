@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from e2b.exceptions import SandboxException, TimeoutException
+from e2b.exceptions import TimeoutException
 from e2b_code_interpreter import Sandbox
 
 from ..live import LiveServer
@@ -92,11 +92,6 @@ def test_javascript_r_and_bash(sbx: Sandbox) -> None:
     assert bash.logs.stdout and "".join(bash.logs.stdout) == "from-bash\n42\n"
 
 
-@pytest.mark.xfail(
-    raises=SandboxException,
-    strict=True,
-    reason="the service gives a kernel 60 s to start; jjava's JVM takes longer under TCG",
-)
 def test_java(sbx: Sandbox) -> None:
     execution = sbx.run_code('System.out.println("from java " + (40 + 2));', language="java")
     assert execution.error is None, execution.error

@@ -17,7 +17,6 @@ from .languages import Language
 log = logging.getLogger("aenv_interpreter")
 
 Message = dict[str, Any]
-START_TIMEOUT = 60.0
 TICK = 1.0
 
 
@@ -41,6 +40,7 @@ class Kernel:
         # ends only once a kernel_info request sent at its idle has been answered on iopub.
         self.output_trails_idle = language.output_trails_idle
         self.interrupt_by_message = language.interrupt_by_message
+        self.start_timeout = language.start_timeout
         self._client: AsyncKernelClient | None = None
         self._cells: dict[str, asyncio.Queue[Message | None]] = {}
         self._readers: list[asyncio.Task[None]] = []
@@ -117,7 +117,7 @@ class Kernel:
         client.start_channels()
         # Returns once a kernel_info reply came and iopub delivered a message: iopub is
         # subscribed, so the first cell's output is not lost (Deno's kernel would lose it).
-        await client.wait_for_ready(timeout=START_TIMEOUT)
+        await client.wait_for_ready(timeout=self.start_timeout)
         self._client = client
         self._readers = [
             asyncio.create_task(self._read(client, "iopub")),

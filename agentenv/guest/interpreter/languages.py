@@ -23,6 +23,12 @@ class Language:
         return self.kernel == "deno"
 
     @property
+    def start_timeout(self) -> float:
+        """Seconds a new kernel has to answer: a JVM under QEMU's software emulation took
+        77 s (measured), the others a few seconds."""
+        return 240.0 if self.kernel == "java" else 60.0
+
+    @property
     def interrupt_by_message(self) -> bool:
         """Deno's kernel dies of SIGINT but stops a cell on an interrupt_request."""
         return self.kernel == "deno"
