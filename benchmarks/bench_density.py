@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.e2e.test_sandbox_lifecycle import create, run
+from tests.e2e.test_sandbox_lifecycle import run
 from tests.live import LiveServer, vmm_pid
 
-from .harness import kill_all, live_server
+from .harness import create_sandbox, kill_all, live_server
 
 MEMORY_MB = 512
 PAGE = 4096
@@ -162,12 +162,12 @@ def main() -> None:
         "AENV_SANDBOX_MEMORY_OVERCOMMIT": "4",
     }
     with live_server(env) as server:
-        warm = create(server)  # the boot snapshot exists before the baseline is taken
+        warm = create_sandbox(server)  # the boot snapshot exists before the baseline is taken
         kill_all(server, [warm["sandboxID"]])
         time.sleep(3)
         baseline = _meminfo_mb("MemAvailable")
         # Long enough to outlive the whole run (the default 300 s does not).
-        sandboxes = [create(server, timeout=3600) for _ in range(args.count)]
+        sandboxes = [create_sandbox(server, timeout=3600) for _ in range(args.count)]
         ids = [s["sandboxID"] for s in sandboxes]
         try:
             # The first burst runs alone: the one the burst after idle is held against.

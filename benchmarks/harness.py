@@ -29,15 +29,21 @@ def live_server(extra_env: Mapping[str, str] | None = None) -> Iterator[LiveServ
             server.close()
 
 
+def create_sandbox(server: LiveServer, **body: object) -> dict:
+    """Create a sandbox of `base` (with `body`'s fields) through the API; its answer."""
+    with server.client() as api:
+        created = api.post("/v2/sandboxes", json={"templateID": "base", **body})
+    if created.status_code != 201:
+        raise RuntimeError(f"create failed: {created.status_code} {created.text[:500]}")
+    return created.json()
+
+
 def create_to_first_output(server: LiveServer, template: str = "base") -> tuple[float, str]:
     """Create from `template` and run `echo ready`: (seconds until its output, sandbox id)."""
     start = time.perf_counter()
-    with server.client() as api:
-        created = api.post("/v2/sandboxes", json={"templateID": template})
-    if created.status_code != 201:
-        raise RuntimeError(f"create failed: {created.status_code} {created.text[:500]}")
-    sandbox_id = created.json()["sandboxID"]
-    echo_ready(server, sandbox_id, created.json().get("envdAccessToken"))
+    created = create_sandbox(server, templateID=template)
+    sandbox_id = created["sandboxID"]
+    echo_ready(server, sandbox_id, created.get("envdAccessToken"))
     return time.perf_counter() - start, sandbox_id
 
 
