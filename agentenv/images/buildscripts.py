@@ -78,7 +78,8 @@ def systemctl_script() -> str:
             '    mv -f "$real" "$real.systemd"',
             "  fi",
             "fi",
-            '[ -e "$real" ] || ln -sf /usr/local/bin/systemctl "$real"',
+            # A busybox or distroless image may have no /usr/bin at all.
+            '[ -e "$real" ] || [ ! -d /usr/bin ] || ln -sf /usr/local/bin/systemctl "$real"',
         ]
     )
 

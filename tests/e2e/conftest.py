@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,7 @@ from agentenv.config import load_config
 
 from ..live import TEST_KEY, LiveServer, leftovers, sweep
 
+JS_DIR = Path(__file__).with_name("js")
 # The built-in template's build on a fresh server: minutes under TCG (docs/code-interpreter.md).
 TEMPLATE_BUILD_TIMEOUT = 1800.0
 
@@ -72,3 +76,27 @@ def code_interpreter_env(
     monkeypatch.setenv("E2B_SANDBOX_URL", code_interpreter_server.url)
     monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
     return code_interpreter_server
+
+
+@pytest.fixture(scope="module")
+def node_sdk() -> str:
+    """The `node` binary, with the pinned SDK installed from the lockfile when missing."""
+    node = shutil.which("node")
+    npm = shutil.which("npm")
+    if node is None or npm is None:
+        pytest.fail("the TypeScript SDK tests need `node` and `npm` on PATH (Node 20 or newer)")
+    installed_already = all(
+        (JS_DIR / "node_modules" / package / "package.json").exists()
+        for package in ("e2b", "@e2b/cli", "@e2b/code-interpreter")
+    )
+    if not installed_already:
+        installed = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=JS_DIR,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if installed.returncode != 0:
+            pytest.fail(f"npm ci failed in {JS_DIR}:\n{installed.stdout}\n{installed.stderr}")
+    return node

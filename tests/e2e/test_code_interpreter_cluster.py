@@ -1,6 +1,6 @@
 """`code-interpreter-v1` on a local cluster: one node builds it, a create meanwhile is a
 503 with Retry-After, and the unmodified `e2b_code_interpreter` SDK runs code through the
-control URL."""
+control URL, from Python and from Node."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from e2b_code_interpreter import Sandbox
 from agentenv.cluster.local import BUCKET, S3_KEYS, ClusterState, LocalCluster
 
 from .conftest import TEMPLATE_BUILD_TIMEOUT
+from .test_e2b_js_sdk import CODE_INTERPRETER_RESULTS, run_scenario_at
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow]
 
@@ -96,3 +97,17 @@ def test_one_node_builds_it_and_the_sdk_runs_code_through_the_control_url(
     finally:
         for sandbox in sandboxes:
             sandbox.kill()
+
+
+def test_the_js_code_interpreter_sdk_through_the_control_url(
+    cluster: ClusterState, node_sdk: str
+) -> None:
+    """`@e2b/code-interpreter`, unmodified, through the control plane (after the build)."""
+    results = run_scenario_at(
+        node_sdk,
+        cluster.control.url,
+        cluster.api_key,
+        "codeInterpreter",
+        lambda: "\n".join(_node_logs(cluster).values())[-4000:],
+    )
+    assert results == CODE_INTERPRETER_RESULTS

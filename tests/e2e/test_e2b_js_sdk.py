@@ -8,51 +8,38 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from ..live import TEST_KEY, LiveServer
+from .conftest import JS_DIR
 
 pytestmark = pytest.mark.vm
 
-JS_DIR = Path(__file__).with_name("js")
 SCENARIO_TIMEOUT = 180
-
-
-@pytest.fixture(scope="module")
-def node_sdk() -> str:
-    """The `node` binary, with the pinned SDK installed from the lockfile when missing."""
-    node = shutil.which("node")
-    npm = shutil.which("npm")
-    if node is None or npm is None:
-        pytest.fail("the TypeScript SDK tests need `node` and `npm` on PATH (Node 20 or newer)")
-    installed_already = all(
-        (JS_DIR / "node_modules" / package / "package.json").exists()
-        for package in ("e2b", "@e2b/cli", "@e2b/code-interpreter")
-    )
-    if not installed_already:
-        installed = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"],
-            cwd=JS_DIR,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if installed.returncode != 0:
-            pytest.fail(f"npm ci failed in {JS_DIR}:\n{installed.stdout}\n{installed.stderr}")
-    return node
+# What the `codeInterpreter` scenario observes on any server that built the template.
+CODE_INTERPRETER_RESULTS = {
+    "sum": "2",
+    "stdout": "streamed\n",
+    "results": ["42"],
+    "kept": "41",
+    "js": "42",
+    "cwd": "/tmp",
+    "error": "ZeroDivisionError",
+}
 
 
 def run_scenario(node: str, server: LiveServer, scenario: str) -> dict:
-    env = {
-        **os.environ,
-        "E2B_API_URL": server.url,
-        "E2B_SANDBOX_URL": server.url,
-        "E2B_API_KEY": TEST_KEY,
-    }
+    return run_scenario_at(node, server.url, TEST_KEY, scenario, server.log_tail)
+
+
+def run_scenario_at(
+    node: str, url: str, api_key: str, scenario: str, server_log: Callable[[], str]
+) -> dict:
+    """Run one scenario with the SDK pointed at `url`; the results it printed."""
+    env = {**os.environ, "E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": api_key}
     env.pop("E2B_DEBUG", None)
     env.pop("E2B_DOMAIN", None)
     try:
@@ -68,7 +55,7 @@ def run_scenario(node: str, server: LiveServer, scenario: str) -> dict:
         pytest.fail(f"{scenario} did not finish in {SCENARIO_TIMEOUT}s; stderr:\n{exc.stderr}")
     assert done.returncode == 0, (
         f"{scenario} exited {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
-        f"\nserver log:\n{server.log_tail()}"
+        f"\nserver log:\n{server_log()}"
     )
     lines = done.stdout.strip().splitlines()
     assert lines, f"{scenario} printed nothing; stderr:\n{done.stderr}"
@@ -196,12 +183,4 @@ def test_the_e2b_cli_works_against_the_server(node_sdk: str, server: LiveServer)
 def test_js_code_interpreter_sdk(node_sdk: str, code_interpreter_server: LiveServer) -> None:
     """`@e2b/code-interpreter`, unmodified, on the server that built `code-interpreter-v1`."""
     results = run_scenario(node_sdk, code_interpreter_server, "codeInterpreter")
-    assert results == {
-        "sum": "2",
-        "stdout": "streamed\n",
-        "results": ["42"],
-        "kept": "41",
-        "js": "42",
-        "cwd": "/tmp",
-        "error": "ZeroDivisionError",
-    }
+    assert results == CODE_INTERPRETER_RESULTS

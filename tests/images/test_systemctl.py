@@ -4,12 +4,15 @@ a unit tree in a temporary root: a unit's service starts detached and stops."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from importlib.resources import files
 from pathlib import Path
 
 import pytest
+
+from agentenv.images.buildscripts import systemctl_script
 
 SCRIPT = str(files("agentenv.images") / "systemctl.sh")
 
@@ -114,3 +117,24 @@ def test_unknown_units_and_verbs_are_errors(root: Path) -> None:
     assert _systemctl(root, "enable", "svc").returncode == 0
     assert _systemctl(root, "daemon-reload").returncode == 0
     assert not (root / "run/aenv-units/svc.service.pid").exists()
+
+
+@pytest.mark.parametrize("usr_bin", [False, True], ids=["busybox-only", "with-usr-bin"])
+def test_the_install_works_in_a_busybox_root(tmp_path: Path, usr_bin: bool) -> None:
+    """Installed as a build installs it, in a root of busybox alone (no /usr/bin, no dpkg)."""
+    root = tmp_path / "root"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    for tool in ("sh", "mkdir", "cat", "chmod", "grep", "ln", "mv"):
+        (root / "bin" / tool).symlink_to("busybox")
+    if usr_bin:
+        (root / "usr" / "bin").mkdir(parents=True)
+    done = subprocess.run(
+        ["chroot", str(root), "/bin/sh", "-c", systemctl_script()], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "AgentENV's systemctl" in (root / "usr/local/bin/systemctl").read_text()
+    linked = root / "usr/bin/systemctl"
+    assert linked.is_symlink() == usr_bin
+    if usr_bin:
+        assert os.readlink(linked) == "/usr/local/bin/systemctl"
