@@ -228,9 +228,12 @@ def test_a_volume_is_mounted_on_any_node(cluster: Cluster, monkeypatch: pytest.M
 def test_traffic_through_the_control_url_wakes_a_paused_sandbox(cluster: Cluster) -> None:
     """Auto-resume behind the control plane: it relays to the paused sandbox's node, whose
     proxy resumes it; the request is then answered."""
-    sandbox = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    sandbox = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause", "auto_resume": True})
     try:
         sandbox.commands.run("python3 -m http.server 8000", background=True)
+        # Paused only once the server listens: a pause before would leave nothing to answer.
+        sandbox.commands.run("until curl -sf -o /dev/null localhost:8000; do sleep 0.2; done")
+        sandbox.set_timeout(3)
         assert wait_for(lambda: sandbox.get_info().state.value == "paused", 60)
         headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"}
         answer = httpx.get(cluster.state.control.url + "/", headers=headers, timeout=60)
