@@ -17,7 +17,7 @@ from agentenv.net.policy import (
     egress_policy,
     host_chains,
 )
-from agentenv.net.rules import EgressRules
+from agentenv.net.rules import DEFAULT_DNS_SERVERS, EgressRules
 from agentenv.net.socks import SocksUpstream
 
 PLAN = plan_network(
@@ -149,7 +149,8 @@ def test_a_domain_allow_list_opens_its_dns_servers_within_the_node_policy() -> N
     domains = EgressRules(deny=over_all, domains=("site.test",))
     forward = _forward(policy.namespace_rules(PLAN, domains, EgressPolicy()))
     # E2B's default server, before the denied ranges, through the node's policy.
-    opened = forward.index("-A FORWARD -i tap0 -d 8.8.8.8 -j NODE-POLICY")
+    (default,) = DEFAULT_DNS_SERVERS
+    opened = forward.index(f"-A FORWARD -i tap0 -d {default} -j NODE-POLICY")
     assert opened < forward.index(f"-A FORWARD -i tap0 -d 0.0.0.0/0 {REJECT}")
     chosen = EgressRules(
         deny=over_all,
@@ -159,14 +160,14 @@ def test_a_domain_allow_list_opens_its_dns_servers_within_the_node_policy() -> N
     forward = _forward(policy.namespace_rules(PLAN, chosen, EgressPolicy()))
     assert "-A FORWARD -i tap0 -d 192.0.2.53 -j NODE-POLICY" in forward
     assert "-A FORWARD -i tap0 -d 10.0.0.53 -j NODE-POLICY" in forward  # blocked there
-    assert not any("8.8.8.8" in line for line in forward)
+    assert not any(f"-d {default} " in line for line in forward)
     # None chosen, or no domain allowed: no server is opened.
     for rules in (
         EgressRules(deny=over_all, domains=("site.test",), dns_servers=()),
         EgressRules(deny=over_all),
     ):
         text = policy.namespace_rules(PLAN, rules, EgressPolicy())
-        assert "8.8.8.8" not in text
+        assert f"-d {default} " not in text
         assert_restorable(text)
 
 

@@ -7,7 +7,13 @@ from ipaddress import IPv4Address, IPv4Network
 import pytest
 
 from agentenv.errors import InvalidInput
-from agentenv.net.rules import MAX_ENTRIES, EgressRules, egress_of, parse_egress
+from agentenv.net.rules import (
+    DEFAULT_DNS_SERVERS,
+    MAX_ENTRIES,
+    EgressRules,
+    egress_of,
+    parse_egress,
+)
 from agentenv.net.transforms import normalize_rules
 
 
@@ -50,7 +56,7 @@ def test_bad_entries_are_named(allow: list[str], deny: list[str], message: str) 
 
 
 def test_dns_servers_default_to_e2bs_and_may_be_none() -> None:
-    assert parse_egress([], []).dns_servers == (IPv4Address("8.8.8.8"),)
+    assert parse_egress([], []).dns_servers == DEFAULT_DNS_SERVERS
     assert parse_egress([], [], dns_servers=[]).dns_servers == ()
     given = egress_of({"dnsServers": ["192.0.2.53", "198.51.100.53"]}, True)
     assert given.dns_servers == (IPv4Address("192.0.2.53"), IPv4Address("198.51.100.53"))
