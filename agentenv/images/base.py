@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import shutil
 import tempfile
 import time
@@ -16,6 +13,7 @@ from agentenv.guest.buildutil import KitBuildError, Progress, locked, remove_tre
 from agentenv.guest.debootstrap import clean_tree, debootstrap
 from agentenv.guest.ext4 import pack_ext4
 from agentenv.guest.kit import ROOTFS_LABEL
+from agentenv.images.builtimage import ROOTFS, current_manifest, inputs_version, publish
 
 __all__ = ["BaseTemplate", "build_base_template", "load_base_template"]
 
@@ -70,22 +68,15 @@ def base_inputs(cfg: Config) -> dict[str, object]:
 
 def base_version(cfg: Config) -> str:
     """Content hash of the template's inputs."""
-    blob = json.dumps(base_inputs(cfg), sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    return inputs_version(base_inputs(cfg))
 
 
 def load_base_template(cfg: Config) -> BaseTemplate | None:
     """The built template if it matches the current inputs, else None."""
-    directory = base_dir(cfg)
-    try:
-        manifest = json.loads((directory / "manifest.json").read_text())
-    except (OSError, ValueError):
+    directory, version = base_dir(cfg), base_version(cfg)
+    if current_manifest(directory, version) is None:
         return None
-    version = base_version(cfg)
-    rootfs = directory / "rootfs.ext4"
-    if manifest.get("version") != version or not rootfs.is_file():
-        return None
-    return BaseTemplate(rootfs=rootfs, version=version)
+    return BaseTemplate(rootfs=directory / ROOTFS, version=version)
 
 
 def build_base_template(
@@ -109,16 +100,12 @@ def build_base_template(
                 configure_tree(tree)
             image = work / "rootfs.ext4"
             pack_ext4(tree, image, cfg.sandbox.disk_size_mb, ROOTFS_LABEL, progress)
-            # The manifest goes last: a reader that sees it also sees the matching image.
-            (directory / "manifest.json").unlink(missing_ok=True)
-            os.replace(image, directory / "rootfs.ext4")
             manifest = {"version": version, "inputs": base_inputs(cfg), "built_at": time.time()}
-            (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-            os.replace(work / "manifest.json", directory / "manifest.json")
+            rootfs = publish(directory, image, manifest, work)
         finally:
             remove_tree(work)
         progress(f"base template {version} built in {time.monotonic() - t0:.1f}s")
-        return BaseTemplate(rootfs=directory / "rootfs.ext4", version=version)
+        return BaseTemplate(rootfs=rootfs, version=version)
 
 
 def configure_tree(tree: Path) -> None:

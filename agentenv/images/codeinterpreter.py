@@ -9,9 +9,7 @@ its inputs, so it is rebuilt only when they change; downloads are kept between b
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -24,6 +22,7 @@ from agentenv.guest.debootstrap import clean_tree, debootstrap
 from agentenv.guest.ext4 import auto_size_mb, pack_ext4, tree_usage
 from agentenv.guest.kit import ROOTFS_LABEL
 from agentenv.images.base import BASE_PACKAGES, UID, USER, configure_tree
+from agentenv.images.builtimage import ROOTFS, current_manifest, inputs_version, publish
 from agentenv.images.chroot import Chroot, mounted
 from agentenv.images.npmfetch import extract_member, fetch_package
 
@@ -123,22 +122,16 @@ def code_interpreter_inputs(cfg: Config) -> dict[str, object]:
 
 
 def code_interpreter_version(cfg: Config) -> str:
-    blob = json.dumps(code_interpreter_inputs(cfg), sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    return inputs_version(code_interpreter_inputs(cfg))
 
 
 def load_code_interpreter(cfg: Config) -> CodeInterpreterImage | None:
     """The built image if it matches the current inputs, else None."""
-    directory = image_dir(cfg)
-    try:
-        manifest = json.loads((directory / "manifest.json").read_text())
-    except (OSError, ValueError):
+    directory, version = image_dir(cfg), code_interpreter_version(cfg)
+    manifest = current_manifest(directory, version)
+    if manifest is None:
         return None
-    version = code_interpreter_version(cfg)
-    rootfs = directory / "rootfs.ext4"
-    if manifest.get("version") != version or not rootfs.is_file():
-        return None
-    return CodeInterpreterImage(rootfs, version, manifest)
+    return CodeInterpreterImage(directory / ROOTFS, version, manifest)
 
 
 def build_code_interpreter(
@@ -176,18 +169,14 @@ def build_code_interpreter(
                 "build_seconds": round(time.monotonic() - t0, 1),
                 "built_at": time.time(),
             }
-            # The manifest goes last: a reader that sees it also sees the matching image.
-            (directory / "manifest.json").unlink(missing_ok=True)
-            os.replace(image, directory / "rootfs.ext4")
-            (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-            os.replace(work / "manifest.json", directory / "manifest.json")
+            rootfs = publish(directory, image, manifest, work)
         finally:
             remove_tree(work)
         progress(
             f"code interpreter image {version} built in {time.monotonic() - t0:.0f}s "
             f"({used_mb} MiB used, kernels: {', '.join(kernels)})"
         )
-        return CodeInterpreterImage(directory / "rootfs.ext4", version, manifest)
+        return CodeInterpreterImage(rootfs, version, manifest)
 
 
 def install_stack(tree: Path, cfg: Config, progress: Progress) -> list[str]:
