@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -35,34 +36,34 @@ class Language:
 
     def set_env(self, env: dict[str, str]) -> str:
         """Code that sets these variables in the kernel's process (Java: system properties)."""
-        return "\n".join(self._set(key, value) for key, value in env.items())
+        code = _ENV_CODE[self.kernel]
+        return "\n".join(
+            code.set.format(k=code.quote(key), v=code.quote(value)) for key, value in env.items()
+        )
 
     def unset_env(self, keys: list[str]) -> str:
-        return "\n".join(self._unset(key) for key in keys)
+        code = _ENV_CODE[self.kernel]
+        return "\n".join(code.unset.format(k=code.quote(key)) for key in keys)
 
-    def _set(self, key: str, value: str) -> str:
-        k, v = json.dumps(key), json.dumps(value)
-        if self.kernel == "python3":
-            return f"__import__('os').environ[{k}] = {v}"
-        if self.kernel == "deno":
-            return f"Deno.env.set({k}, {v});"
-        if self.kernel == "ir":
-            return f"do.call(Sys.setenv, setNames(list({v}), {k}))"
-        if self.kernel == "bash":
-            return f"export {shlex.quote(key)}={shlex.quote(value)}"
-        return f"System.setProperty({k}, {v});"
 
-    def _unset(self, key: str) -> str:
-        k = json.dumps(key)
-        if self.kernel == "python3":
-            return f"__import__('os').environ.pop({k}, None)"
-        if self.kernel == "deno":
-            return f"Deno.env.delete({k});"
-        if self.kernel == "ir":
-            return f"Sys.unsetenv({k})"
-        if self.kernel == "bash":
-            return f"unset {shlex.quote(key)}"
-        return f"System.clearProperty({k});"
+@dataclass(frozen=True)
+class _EnvCode:
+    """How a kernel's language sets and unsets a variable ({k}, {v}: quoted by `quote`)."""
+
+    set: str
+    unset: str
+    quote: Callable[[str], str] = json.dumps
+
+
+_ENV_CODE = {
+    "python3": _EnvCode(
+        "__import__('os').environ[{k}] = {v}", "__import__('os').environ.pop({k}, None)"
+    ),
+    "deno": _EnvCode("Deno.env.set({k}, {v});", "Deno.env.delete({k});"),
+    "ir": _EnvCode("do.call(Sys.setenv, setNames(list({v}), {k}))", "Sys.unsetenv({k})"),
+    "bash": _EnvCode("export {k}={v}", "unset {k}", shlex.quote),
+    "java": _EnvCode("System.setProperty({k}, {v});", "System.clearProperty({k});"),
+}
 
 
 PYTHON = Language("python", "python3")
