@@ -14,7 +14,7 @@ import pytest
 from agentenv.cluster.postgres import LocalPostgres
 from agentenv.config import load_config
 
-from .live import LiveServer, leftovers, sweep
+from .live import LiveServer, checked_server
 from .s3server import new_bucket, s3_server
 from .vmfactory import VmFactory
 
@@ -62,15 +62,8 @@ def kit_ready() -> None:
 @pytest.fixture(scope="session")
 def server(kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """One server for the session; each test using it is checked by `vms`."""
-    live = LiveServer(tmp_path_factory.mktemp("aenv-home"))
-    live.start()
-    try:
+    with checked_server(LiveServer(tmp_path_factory.mktemp("aenv-home"))) as live:
         yield live
-    finally:
-        live.close()
-    left = leftovers(live)
-    sweep(live)
-    assert not left, f"the session's server left {left}"
 
 
 @pytest.fixture

@@ -12,9 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -25,6 +26,9 @@ from agentenv.runtime.machine.bootsnap import complete_snapshots
 from agentenv.storage.blockd import BlockdClient
 from agentenv.vmm.qemu import qemu_version_name, run_dir_for
 from agentenv.volumes.nfs import NfsServer
+
+if TYPE_CHECKING:
+    import pytest
 
 from .netlab import remove_host_chains
 
@@ -330,3 +334,26 @@ def wait_for(predicate, timeout: float, interval: float = 0.5) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def point_sdk(env: pytest.MonkeyPatch, url: str, api_key: str = TEST_KEY) -> None:
+    """Point the unmodified E2B SDKs at `url` with the three variables they read."""
+    env.setenv("E2B_API_URL", url)
+    env.setenv("E2B_SANDBOX_URL", url)
+    env.setenv("E2B_API_KEY", api_key)
+
+
+@contextlib.contextmanager
+def checked_server(
+    live: LiveServer, ready: Callable[[LiveServer], None] = lambda _: None
+) -> Iterator[LiveServer]:
+    """`live` started (and `ready`), closed on exit; it must leave nothing on the host."""
+    live.start()
+    try:
+        ready(live)
+        yield live
+    finally:
+        live.close()
+    left = leftovers(live)
+    sweep(live)
+    assert not left, f"the server in {live.home} left {left}"

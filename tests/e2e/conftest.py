@@ -13,7 +13,7 @@ import pytest
 
 from agentenv.config import load_config
 
-from ..live import TEST_KEY, LiveServer, leftovers, sweep
+from ..live import LiveServer, checked_server, point_sdk
 
 JS_DIR = Path(__file__).with_name("js")
 # The built-in template's build on a fresh server: minutes under TCG (docs/code-interpreter.md).
@@ -23,9 +23,7 @@ TEMPLATE_BUILD_TIMEOUT = 1800.0
 @pytest.fixture
 def e2b_env(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """Point the unmodified E2B SDK at the live server with its three variables only."""
-    monkeypatch.setenv("E2B_API_URL", server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", server.url)
-    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+    point_sdk(monkeypatch, server.url)
 
 
 @pytest.fixture(scope="session")
@@ -41,15 +39,8 @@ def code_interpreter_server(
         tmp_path_factory.mktemp("aenv-ci-home"),
         extra_env={"AENV_SERVER_CODE_INTERPRETER": "true"},
     )
-    live.start()
-    try:
-        wait_for_code_interpreter(live)
-        yield live
-    finally:
-        live.close()
-    left = leftovers(live)
-    sweep(live)
-    assert not left, f"the code interpreter's server left {left}"
+    with checked_server(live, wait_for_code_interpreter) as ready:
+        yield ready
 
 
 def wait_for_code_interpreter(live: LiveServer) -> None:
@@ -72,9 +63,7 @@ def code_interpreter_env(
     code_interpreter_server: LiveServer, monkeypatch: pytest.MonkeyPatch
 ) -> LiveServer:
     """The E2B SDK's three variables, pointing at the code interpreter's server."""
-    monkeypatch.setenv("E2B_API_URL", code_interpreter_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", code_interpreter_server.url)
-    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+    point_sdk(monkeypatch, code_interpreter_server.url)
     return code_interpreter_server
 
 

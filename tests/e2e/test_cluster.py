@@ -28,7 +28,7 @@ from agentenv.cluster.local import BUCKET, S3_KEYS, ClusterState, LocalCluster, 
 from agentenv.cluster.postgres import free_port
 from agentenv.net.netns import link_exists
 
-from ..live import AENV, HostResources, wait_for
+from ..live import AENV, HostResources, point_sdk, wait_for
 from ..netlab import lab, probe_command, reached
 from ..vmfactory import SETTLE_S
 from .test_proxy import GUEST_DIR, echo_twice
@@ -96,9 +96,7 @@ def cluster(kit_ready: None, request: pytest.FixtureRequest) -> Iterator[Cluster
     try:
         # The SDK's three variables, for the module's tests; put back as they were after.
         with pytest.MonkeyPatch.context() as environment:
-            environment.setenv("E2B_API_URL", state.control.url)
-            environment.setenv("E2B_SANDBOX_URL", state.control.url)
-            environment.setenv("E2B_API_KEY", state.api_key)
+            point_sdk(environment, state.control.url, state.api_key)
             yield Cluster(local, state)
     finally:
         if request.session.testsfailed > failed_before:

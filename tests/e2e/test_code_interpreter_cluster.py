@@ -18,6 +18,7 @@ from e2b_code_interpreter import Sandbox
 
 from agentenv.cluster.local import BUCKET, S3_KEYS, ClusterState, LocalCluster
 
+from ..live import point_sdk
 from .conftest import TEMPLATE_BUILD_TIMEOUT
 from .test_e2b_js_sdk import CODE_INTERPRETER_RESULTS, run_scenario_at
 
@@ -37,9 +38,7 @@ def cluster(kit_ready: None) -> Iterator[ClusterState]:
     state = local.up(2)
     try:
         with pytest.MonkeyPatch.context() as environment:
-            environment.setenv("E2B_API_URL", state.control.url)
-            environment.setenv("E2B_SANDBOX_URL", state.control.url)
-            environment.setenv("E2B_API_KEY", state.api_key)
+            point_sdk(environment, state.control.url, state.api_key)
             yield state
     finally:
         local.down()

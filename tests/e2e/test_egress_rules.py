@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox, Secret
 
-from ..live import TEST_KEY, LiveServer
+from ..live import LiveServer, point_sdk
 from ..netlab import (
     SOCKS_PORT,
     Lab,
@@ -52,9 +52,7 @@ def lab_server(
             fresh_server.extra_env["AENV_NET_DNS_SERVER"] = dns.ip
             fresh_server.extra_env["AENV_NET_EGRESS_TRUSTED_CAS"] = str(ca)
             fresh_server.start()
-            monkeypatch.setenv("E2B_API_URL", fresh_server.url)
-            monkeypatch.setenv("E2B_SANDBOX_URL", fresh_server.url)
-            monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+            point_sdk(monkeypatch, fresh_server.url)
             yield fresh_server, around, ca
 
 

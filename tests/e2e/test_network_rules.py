@@ -11,7 +11,7 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from ..live import TEST_KEY, LiveServer, wait_for
+from ..live import LiveServer, point_sdk, wait_for
 from ..netlab import Lab, lab, peer, probe_command, random_slash30, reached, serving
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
@@ -128,9 +128,7 @@ def test_allowed_domains(fresh_server: LiveServer, monkeypatch: pytest.MonkeyPat
         ):
             fresh_server.extra_env["AENV_NET_DNS_SERVER"] = dns.ip
             fresh_server.start()
-            monkeypatch.setenv("E2B_API_URL", fresh_server.url)
-            monkeypatch.setenv("E2B_SANDBOX_URL", fresh_server.url)
-            monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+            point_sdk(monkeypatch, fresh_server.url)
             sandbox = Sandbox.create(
                 network={"allow_out": ["allowed.test", "*.wild.test"], "deny_out": ["0.0.0.0/0"]}
             )

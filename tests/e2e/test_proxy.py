@@ -12,7 +12,7 @@ import pytest
 import websockets
 from e2b import Sandbox
 
-from ..live import TEST_KEY, LiveServer, wait_for
+from ..live import LiveServer, point_sdk, wait_for
 from ..proxy.test_https_ports import self_signed
 from ..vmfactory import VmFactory
 from .test_sandbox_lifecycle import kill, run
@@ -73,9 +73,7 @@ def test_an_https_port_through_get_host(
     is reached at `sandbox.get_host(3000)`, the proxy speaking TLS to it unverified."""
     fresh_server.extra_env["AENV_SERVER_DOMAIN"] = "sbx.test"
     fresh_server.start()
-    monkeypatch.setenv("E2B_API_URL", fresh_server.url)
-    monkeypatch.setenv("E2B_SANDBOX_URL", fresh_server.url)
-    monkeypatch.setenv("E2B_API_KEY", TEST_KEY)
+    point_sdk(monkeypatch, fresh_server.url)
     sandbox = Sandbox.create(network={"https_ports": [3000]})
     try:
         for path in (*self_signed(tmp_path), GUEST_DIR / "https_hello.py"):
