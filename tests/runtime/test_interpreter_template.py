@@ -146,7 +146,7 @@ def test_another_nodes_build_is_waited_for_and_a_create_meanwhile_gets_a_503(
     other, other_host = _node(tmp_path, "node-2", service)
     image = interpreter.load_code_interpreter(builder.cfg)
     assert image is not None
-    key = builder.key(image)
+    key = builder.key(image, service_archive(service))
     builder._write_claim(Claim(key, "node-1", "building", time.time()))
 
     async def scenario() -> None:
@@ -174,7 +174,7 @@ def test_a_build_whose_node_stopped_renewing_its_claim_is_taken_over(
     image = interpreter.load_code_interpreter(node.cfg)
     assert image is not None
     stale = time.time() - interpreter.CLAIM_STALE - 1
-    node._write_claim(Claim(node.key(image), "node-1", "building", stale))
+    node._write_claim(Claim(node.key(image, service_archive(service)), "node-1", "building", stale))
     asyncio.run(node.ensure())
     claim = node.read_claim()
     assert claim is not None and (claim.state, claim.node) == ("ready", "node-2")

@@ -99,12 +99,12 @@ class CodeInterpreterTemplate:
         # Why there is no template and none is coming; None while it is (or may be).
         self.missing: str | None = None
 
-    def key(self, image: CodeInterpreterImage) -> str:
+    def key(self, image: CodeInterpreterImage, service: bytes) -> str:
         """The inputs of the template: the image, the service's files, the kit, how it runs."""
         kit = load_kit(self.cfg)
         blob = json.dumps(
             [FORMAT, image.version, kit.version if kit else "", START_CMD, READY_CMD,
-             VCPUS, MEMORY_MB, service_hash(self.service_src)],
+             VCPUS, MEMORY_MB, hashlib.sha256(service).hexdigest()],
         )  # fmt: skip
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -126,7 +126,8 @@ class CodeInterpreterTemplate:
             self.missing = f"template '{TEMPLATE}': the execution service is not installed"
             log.warning("%s", self.missing)
             return
-        key = await asyncio.to_thread(self.key, image)
+        service = await asyncio.to_thread(service_archive, self.service_src)
+        key = await asyncio.to_thread(self.key, image, service)
         waited = False
         while True:
             claim = await asyncio.to_thread(self.read_claim)
@@ -147,7 +148,7 @@ class CodeInterpreterTemplate:
             if await self._claim(key):
                 break
             waited = True
-        await self._build(image, key)
+        await self._build(image, key, service)
 
     async def _exists(self) -> bool:
         return await asyncio.to_thread(self._lookup, TEMPLATE) is not None
@@ -170,13 +171,13 @@ class CodeInterpreterTemplate:
         now = await asyncio.to_thread(self.read_claim)
         return now is not None and now.node == self.node_name
 
-    async def _build(self, image: CodeInterpreterImage, key: str) -> None:
+    async def _build(self, image: CodeInterpreterImage, key: str, service: bytes) -> None:
         t0 = time.monotonic()
         renewer = asyncio.create_task(self._renew(key))
         try:
             with self._log_time("storing the image as template", ROOTFS_TEMPLATE):
                 await asyncio.to_thread(self.publish_rootfs, image)
-            files_hash = await asyncio.to_thread(self.upload_service)
+            files_hash = await asyncio.to_thread(self.upload_service, service)
             build = self.builds.register(TEMPLATE, VCPUS, MEMORY_MB)
             build.log(f"built in: {TEMPLATE} from {ROOTFS_TEMPLATE} ({image.version})")
             copy = Step("COPY", (SERVICE_PACKAGE, SERVICE_DIR, "root"), files_hash)
@@ -239,9 +240,8 @@ class CodeInterpreterTemplate:
             self.templates.save(record)
         return record
 
-    def upload_service(self) -> str:
-        """Blocking: the service's files as a COPY step's archive; its hash."""
-        data = service_archive(self.service_src)
+    def upload_service(self, data: bytes) -> str:
+        """Blocking: store the service's archive for a COPY step; its hash."""
         files_hash = hashlib.sha256(data).hexdigest()
         if not self.builds.files.present(files_hash):
             with tempfile.NamedTemporaryFile(dir=self.cfg.home, prefix=".builtin-") as spool:
@@ -272,10 +272,6 @@ class CodeInterpreterTemplate:
                     )
                 raise NotFound(f"template '{TEMPLATE}' not found")
             await asyncio.sleep(min(POLL, max(0.0, deadline - time.monotonic())))
-
-
-def service_hash(src: Path) -> str:
-    return hashlib.sha256(service_archive(src)).hexdigest()
 
 
 def service_archive(src: Path) -> bytes:
