@@ -1,9 +1,10 @@
 #!/bin/sh
 # AgentENV's systemctl: sandboxes have no systemd, so templates that start services with
 # `systemctl start X` (as E2B's do) get this small supervisor instead. It reads units from
-# /etc/systemd/system and /lib/systemd/system, starts ExecStart detached as the unit's User
-# in its WorkingDirectory with its Environment, keeps the pid in /run/aenv-units/<unit>.pid
-# and the output in /var/log/<unit>.log. Restart= is not supervised.
+# /etc/systemd/system and /lib/systemd/system and runs ExecStart as the unit's User in its
+# WorkingDirectory with its Environment under a supervisor of its own session, which
+# restarts it as Restart= and RestartSec= say. The supervisor's pid is kept in
+# /run/aenv-units/<unit>.pid, the output in /var/log/<unit>.log.
 # Installed by the template builder (agentenv/images/buildscripts.py).
 
 # Where units, pid files and logs live (a test points this at a temporary tree).
@@ -63,13 +64,18 @@ exec_command() {
     echo "$cmd"
 }
 
+# Whether process $1 runs: /proc, not kill -0 (a user may ask about a unit that runs as
+# root); a zombie (state Z after the command's name) has ended.
+alive() {
+    [ -n "$1" ] && [ -f "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -c1)" != Z ]
+}
+
 pid_of() {
     pidfile="$RUN_DIR/$1.pid"
     [ -f "$pidfile" ] || return 1
     pid="$(cat "$pidfile")"
-    # /proc, not kill -0: a user may ask about a unit that runs as root.
-    [ -n "$pid" ] && [ -d "/proc/$pid" ] && { echo "$pid"; return 0; }
-    return 1
+    alive "$pid" || return 1
+    echo "$pid"
 }
 
 # The shell commands that set the unit's environment: Environment= (quoted words) and
@@ -89,11 +95,9 @@ env_lines() {
     done
 }
 
-# Run shell text $2 for unit file $1 as its User in its WorkingDirectory; $3 is "wait" to
-# wait for it (ExecStartPre) or "detach" to leave it running and print its pid.
+# Run shell text $2 for unit file $1 as its User in its WorkingDirectory, and wait for it.
 run_as_unit() {
     file="$1"
-    mode="$3"
     user="$(unit_value "$file" User)"
     dir="$(unit_value "$file" WorkingDirectory)"
     case "$dir" in -*) dir="${dir#-}" ;; esac
@@ -112,16 +116,100 @@ exec $2"
     else
         set -- /bin/sh -c "$script"
     fi
-    if [ "$mode" = "wait" ]; then
-        "$@"
-        return
-    fi
+    "$@"
+}
+
+# The [Unit] section's values of key $2 in unit file $1, as words.
+unit_deps() {
+    section=
+    while IFS= read -r line || [ -n "$line" ]; do
+        case "$line" in
+            \[*\]) section="$line"; continue ;;
+        esac
+        [ "$section" = "[Unit]" ] || continue
+        case "$line" in "$2"=*) echo "${line#*=}" ;; esac
+    done <"$1"
+}
+
+# Whether Restart= policy $1 restarts a service that ended with status $2. As systemd:
+# exit 0 and SIGHUP, SIGINT, SIGTERM or SIGPIPE are clean ends.
+restarts() {
+    case "$2" in 0 | 129 | 130 | 141 | 143) clean=1 ;; *) clean= ;; esac
+    case "$1" in
+        always) return 0 ;;
+        on-success) [ -n "$clean" ] ;;
+        on-failure) [ -z "$clean" ] ;;
+        on-abnormal | on-abort | on-watchdog) [ -z "$clean" ] && [ "$2" -gt 128 ] ;;
+        *) return 1 ;;
+    esac
+}
+
+# RestartSec= in seconds (systemd's default is 100 ms; "500ms", "2s", "1min" all read).
+restart_delay() {
+    value="$(unit_value "$1" RestartSec)"
+    echo "${value:-100ms}" | awk '{
+        n = $0 + 0
+        if ($0 ~ /ms$/) n = n / 1000
+        else if ($0 ~ /min$/) n = n * 60
+        print n
+    }'
+}
+
+# ExecStartPre lines in order; a failing one without "-" fails the start.
+run_pre() {
+    unit_values "$1" ExecStartPre | while IFS= read -r pre; do
+        optional=
+        case "$pre" in -*) optional=1 ;; esac
+        if ! run_as_unit "$1" "$(exec_command "$pre")" >>"$LOG" 2>&1; then
+            [ -n "$optional" ] || { echo "ExecStartPre failed: $pre" >>"$LOG"; exit 1; }
+        fi
+    done
+}
+
+# ExecStartPost lines, once the service runs; failures are logged ("-" or not).
+run_post() {
+    unit_values "$1" ExecStartPost | while IFS= read -r post; do
+        run_as_unit "$1" "$(exec_command "$post")" >>"$LOG" 2>&1 ||
+            echo "ExecStartPost failed: $post" >>"$LOG"
+    done
+}
+
+# The supervisor, in a session of its own: runs unit $1's ExecStart (after its
+# ExecStartPre lines, unless $2 is "started": the caller ran them) until Restart= says no.
+supervise_unit() {
+    name="$1"
+    file="$(unit_file "$name")" || exit 5
+    LOG="$LOG_DIR/${name%.service}.log"
+    policy="$(unit_value "$file" Restart)"
+    delay="$(restart_delay "$file")"
+    start="$(exec_command "$(unit_value "$file" ExecStart)")"
+    phase="$2"
+    while :; do
+        if [ "$phase" = later ]; then
+            sleep "$delay"
+            phase=
+        fi
+        if [ "$phase" = started ] || run_pre "$file"; then
+            run_as_unit "$file" "$start" >>"$LOG" 2>&1
+            status=$?
+        else
+            status=1
+        fi
+        phase=
+        restarts "$policy" "$status" || exit "$status"
+        echo "systemctl: $name ended with status $status; restarting in ${delay}s" >>"$LOG"
+        sleep "$delay"
+    done
+}
+
+# Start the supervisor of unit $1 detached, in phase $2; its pid goes to the pid file.
+spawn_supervisor() {
     if command -v setsid >/dev/null 2>&1; then
-        setsid "$@" </dev/null >>"$LOG" 2>&1 &
+        setsid sh "$SELF" __supervise "$1" "$2" </dev/null >>"$LOG" 2>&1 &
     else
-        "$@" </dev/null >>"$LOG" 2>&1 &
+        sh "$SELF" __supervise "$1" "$2" </dev/null >>"$LOG" 2>&1 &
     fi
-    echo $!
+    echo $! >"$RUN_DIR/$1.pid"
 }
 
 start_unit() {
@@ -129,57 +217,75 @@ start_unit() {
     file="$(unit_file "$name")" || { say "Unit $name not found."; return 5; }
     pid_of "$name" >/dev/null && return 0
     mkdir -p "$RUN_DIR" "$LOG_DIR"
+    # A unit both requiring and wanted by another starts once, not in a loop.
+    # (The marker holds this systemctl's pid: one left by a killed systemctl is stale.)
+    starting="$RUN_DIR/$name.starting"
+    [ -f "$starting" ] && alive "$(cat "$starting")" && return 0
+    echo $$ >"$starting"
+    start_units "$(unit_deps "$file" Requires)"
     LOG="$LOG_DIR/${name%.service}.log"
-    unit_values "$file" ExecStartPre | while IFS= read -r pre; do
-        optional=
-        case "$pre" in -*) optional=1 ;; esac
-        if ! run_as_unit "$file" "$(exec_command "$pre")" wait >>"$LOG" 2>&1; then
-            [ -n "$optional" ] || { echo "ExecStartPre failed: $pre" >>"$LOG"; exit 1; }
-        fi
-    done || { say "Job for $name failed: ExecStartPre failed (see $LOG)."; return 1; }
-    start="$(unit_value "$file" ExecStart)"
-    [ -n "$start" ] || { say "$name has no ExecStart."; return 1; }
-    if [ "$(unit_value "$file" Type)" = "oneshot" ]; then
-        run_as_unit "$file" "$(exec_command "$start")" wait >>"$LOG" 2>&1
-        return
-    fi
-    pid="$(run_as_unit "$file" "$(exec_command "$start")" detach)"
-    echo "$pid" >"$RUN_DIR/$name.pid"
-    start_wanted "$file"
+    start_service "$name" "$file"
+    status=$?
+    rm -f "$starting"
+    [ $status -eq 0 ] || return $status
+    start_units "$(unit_deps "$file" Wants)"
     return 0
 }
 
-# Units named in the [Unit] section's Wants= and Requires= start along with this one.
-start_wanted() {
-    section=
-    while IFS= read -r line || [ -n "$line" ]; do
-        case "$line" in
-            \[*\]) section="$line"; continue ;;
-        esac
-        [ "$section" = "[Unit]" ] || continue
-        case "$line" in
-            Wants=* | Requires=*)
-                for dep in ${line#*=}; do
-                    (start_unit "$dep") || say "$dep failed to start"
-                done
-                ;;
-        esac
-    done <"$1"
+start_service() {
+    name="$1"
+    file="$2"
+    start="$(unit_value "$file" ExecStart)"
+    [ -n "$start" ] || { say "$name has no ExecStart."; return 1; }
+    if ! run_pre "$file"; then
+        # systemd retries a failed start as Restart= says, and reports the failure now.
+        restarts "$(unit_value "$file" Restart)" 1 && spawn_supervisor "$name" later
+        say "Job for $name failed: ExecStartPre failed (see $LOG)."
+        return 1
+    fi
+    if [ "$(unit_value "$file" Type)" = "oneshot" ]; then
+        run_as_unit "$file" "$(exec_command "$start")" >>"$LOG" 2>&1
+        return
+    fi
+    spawn_supervisor "$name" started
+    run_post "$file"
+    return 0
+}
+
+# Units named in words $1 start too; one failing is reported, not fatal.
+start_units() {
+    for dep in $1; do
+        (start_unit "$dep") || say "$dep failed to start"
+    done
 }
 
 stop_unit() {
     name="$(unit_name "$1")"
-    pid="$(pid_of "$name")" || { rm -f "$RUN_DIR/$name.pid"; return 0; }
-    # The unit runs in its own session (setsid): stop the whole group.
-    kill -TERM "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
-    tries=0
-    while [ -d "/proc/$pid" ] && [ $tries -lt 50 ]; do
-        sleep 0.1
-        tries=$((tries + 1))
-    done
-    kill -KILL "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+    if pid="$(pid_of "$name")"; then
+        # The supervisor leads its own session: stop the whole group.
+        kill -TERM "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+        tries=0
+        while alive "$pid" && [ $tries -lt 50 ]; do
+            sleep 0.1
+            tries=$((tries + 1))
+        done
+        kill -KILL "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+    fi
     rm -f "$RUN_DIR/$name.pid"
+    for part in $(parts_of "$name"); do stop_unit "$part"; done
     return 0
+}
+
+# The running units whose PartOf= names unit $1: they stop (and restart) with it.
+parts_of() {
+    for pidfile in "$RUN_DIR"/*.pid; do
+        [ -f "$pidfile" ] || continue
+        unit="$(basename "$pidfile" .pid)"
+        file="$(unit_file "$unit")" || continue
+        for whole in $(unit_deps "$file" PartOf); do
+            [ "$(unit_name "$whole")" = "$1" ] && echo "$unit"
+        done
+    done
 }
 
 status_unit() {
@@ -193,8 +299,13 @@ status_unit() {
     return 3
 }
 
+SELF="$0"
 verb="$1"
 [ $# -gt 0 ] && shift
+if [ "$verb" = __supervise ]; then
+    supervise_unit "$@"
+    exit $?
+fi
 # Options systemd takes that change nothing here (--no-block, --quiet, --now, ...).
 units=
 now=
@@ -214,8 +325,10 @@ case "$verb" in
         for unit in $units; do stop_unit "$unit" || status=$?; done ;;
     restart | reload-or-restart | try-restart)
         for unit in $units; do
+            parts="$(parts_of "$(unit_name "$unit")")"
             stop_unit "$unit"
             start_unit "$unit" || status=$?
+            for part in $parts; do start_unit "$part" || status=$?; done
         done ;;
     status)
         for unit in $units; do status_unit "$unit" || status=$?; done ;;

@@ -1,12 +1,15 @@
 """The `systemctl` stand-in templates get (`images/systemctl.sh`), run under `sh` here on
-a unit tree in a temporary root: a unit's service starts detached and stops."""
+a unit tree in a temporary root: a unit's service starts detached, is restarted as its
+Restart= says, and stops (with the units that are PartOf it)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
+from collections.abc import Callable
 from importlib.resources import files
 from pathlib import Path
 
@@ -107,6 +110,97 @@ def test_a_failing_start_pre_fails_the_start(root: Path) -> None:
     failed = _systemctl(root, "start", "broken")
     assert failed.returncode == 1 and "ExecStartPre failed" in failed.stderr
     assert not (root / "run/aenv-units/broken.service.pid").exists()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _wait_for(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_restart_on_failure_restarts_a_killed_service_not_a_clean_exit(root: Path) -> None:
+    runs = root / "work/runs"
+    unit = root / "etc/systemd/system/kept.service"
+    unit.write_text(
+        "[Service]\nRestart=on-failure\nRestartSec=100ms\n"
+        f"ExecStartPost=-/bin/sh -c 'echo post >> {root}/work/post'\n"
+        f"ExecStart=/bin/sh -c 'echo run >> {runs}; exec sleep 300'\n"
+    )
+    assert _systemctl(root, "start", "kept").returncode == 0
+    supervisor = _pid(root, "kept.service")
+    try:
+        _wait_for(lambda: _lines(runs) == ["run"], "the service ran")
+        assert _lines(root / "work/post") == ["post"]
+        (first,) = _children(supervisor)
+        os.kill(first, signal.SIGKILL)
+        _wait_for(lambda: len(_lines(runs)) == 2, "a killed service is restarted")
+        _wait_for(lambda: len(_children(supervisor)) == 1, "the new service runs")
+        assert _children(supervisor) != [first]
+        assert _systemctl(root, "is-active", "kept").stdout == "active\n"
+        # SIGTERM is a clean end: on-failure leaves the unit stopped.
+        os.kill(_children(supervisor)[0], signal.SIGTERM)
+        _wait_for(lambda: not _alive(supervisor), "a clean end is not restarted")
+        assert _systemctl(root, "is-active", "kept").stdout == "inactive\n"
+        assert len(_lines(runs)) == 2
+    finally:
+        _systemctl(root, "stop", "kept")
+
+
+def test_a_failed_start_pre_is_retried_as_restart_says(root: Path) -> None:
+    """E2B's code-interpreter unit waits for Jupyter in ExecStartPre and relies on this."""
+    flag = root / "work/ready"
+    unit = root / "etc/systemd/system/waits.service"
+    unit.write_text(
+        "[Service]\nRestart=on-failure\nRestartSec=0.2\n"
+        f"ExecStartPre=/bin/test -e {flag}\nExecStart=/bin/sleep 300\n"
+    )
+    try:
+        failed = _systemctl(root, "start", "waits")
+        assert failed.returncode == 1 and "ExecStartPre failed" in failed.stderr
+        supervisor = _pid(root, "waits.service")
+        flag.touch()
+        _wait_for(lambda: len(_children(supervisor)) == 1, "the start is retried")
+        assert _systemctl(root, "is-active", "waits").stdout == "active\n"
+    finally:
+        _systemctl(root, "stop", "waits")
+
+
+def test_e2bs_unit_pair_starts_once_and_stops_together(root: Path) -> None:
+    """jupyter wants code-interpreter, which requires and is part of jupyter, as E2B's."""
+    units = root / "etc/systemd/system"
+    (units / "jupyter.service").write_text(
+        "[Unit]\nWants=code-interpreter.service\n[Service]\nExecStart=/bin/sleep 300\n"
+        "ExecStartPost=-/usr/bin/systemctl reset-failed code-interpreter\nRestart=on-failure\n"
+    )
+    (units / "code-interpreter.service").write_text(
+        "[Unit]\nRequires=jupyter.service\nAfter=jupyter.service\nPartOf=jupyter.service\n"
+        "[Service]\nExecStart=/bin/sleep 300\nRestart=on-failure\n"
+    )
+    try:
+        assert _systemctl(root, "start", "jupyter").returncode == 0
+        jupyter, interpreter = _pid(root, "jupyter.service"), _pid(root, "code-interpreter.service")
+        assert _alive(jupyter) and _alive(interpreter)
+        assert not list((root / "run/aenv-units").glob("*.starting"))
+        restarted = _systemctl(root, "restart", "jupyter")
+        assert restarted.returncode == 0, restarted.stderr
+        assert not _alive(interpreter), "a PartOf unit restarts with its whole"
+        assert _alive(_pid(root, "code-interpreter.service"))
+        interpreter = _pid(root, "code-interpreter.service")
+        assert _systemctl(root, "stop", "jupyter").returncode == 0
+        _wait_for(lambda: not _alive(interpreter), "a PartOf unit stops with its whole")
+        assert _systemctl(root, "is-active", "code-interpreter").stdout == "inactive\n"
+    finally:
+        for unit in ("jupyter", "code-interpreter"):
+            _systemctl(root, "stop", unit)
 
 
 def test_unknown_units_and_verbs_are_errors(root: Path) -> None:
