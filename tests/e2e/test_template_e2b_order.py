@@ -15,12 +15,9 @@ from e2b import Sandbox
 
 from agentenv.config import load_config
 from agentenv.guest.debootstrap import cache_dir
-from agentenv.images.base import build_base_template
-from agentenv.images.convert import loop_mount
 
-from ..images.oci_build import LayerBuilder, build_image, build_layer, push_image
-from ..images.registry_server import running_registry
 from ..live import AENV, TEST_KEY, LiveServer
+from .plaindebian import plain_debian_image
 
 pytestmark = [pytest.mark.vm, pytest.mark.slow, pytest.mark.usefixtures("e2b_env")]
 
@@ -62,41 +59,10 @@ ExecStart=/usr/bin/python3 -m http.server 8081
 """
 
 
-def _without_user(text: str) -> bytes:
-    """/etc/passwd, group and their shadows without `user`, as a plain Debian image."""
-    lines = []
-    for line in text.splitlines():
-        fields = line.split(":")
-        if fields[0] == "user":
-            continue
-        if len(fields) == 4:  # group and gshadow: members last
-            members = [m for m in fields[-1].split(",") if m and m != "user"]
-            fields[-1] = ",".join(members)
-        lines.append(":".join(fields))
-    return ("\n".join(lines) + "\n").encode()
-
-
 @pytest.fixture(scope="module")
 def plain_debian(kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Debian 12 (the base template's tree) without `user` and without sudo's binary or
-    rules, in a local registry."""
-    base = build_base_template(load_config(), progress=lambda _: None)
-    with loop_mount(base.rootfs, tmp_path_factory.mktemp("base-mnt"), readonly=True) as root:
-        debian = build_layer(LayerBuilder.from_dir(root, owner=None), "zstd")
-        stripped = (
-            LayerBuilder()
-            .whiteout("usr/bin/sudo")
-            .whiteout("home/user")
-            .opaque("etc/sudoers.d")
-            .file("etc/passwd", _without_user((root / "etc/passwd").read_text()))
-            .file("etc/group", _without_user((root / "etc/group").read_text()))
-            .file("etc/shadow", _without_user((root / "etc/shadow").read_text()), mode=0o640)
-            .file("etc/gshadow", _without_user((root / "etc/gshadow").read_text()), mode=0o640)
-        )
-    layer = build_layer(stripped, "gzip")
-    with running_registry(tmp_path_factory.mktemp("registry")) as registry:
-        push_image(registry.url, "demo/plain", "v1", build_image([debian, layer]))
-        yield f"{registry.host}/demo/plain:v1"
+    with plain_debian_image(tmp_path_factory.mktemp("plain-debian")) as image:
+        yield image
 
 
 @pytest.fixture

@@ -1,0 +1,210 @@
+"""E2B's code-interpreter template definition (`template/template.py` in
+e2b-dev/code-interpreter), step for step through the SDK's `Template` builder, with its
+kernels for Python and its two systemd units started by `sudo systemctl start jupyter`.
+
+Adapted only where it reaches the internet or ships E2B's own code:
+- python:3.13 is the local Debian 12 stand-in (`plaindebian.py`);
+- apt and pip read a mirror of the kit's packages in a namespace host (`packagemirror.py`),
+  so requirements are what the mirror has, and nodesource's setup script is not run;
+- the kernels fetched from GitHub, CRAN and java.net are left out;
+- E2B's server is theirs to ship: ours (`aenv_interpreter`) is copied in its place, and
+  Jupyter Server (not mirrored; ours needs none) is stood in for by a server of its
+  `/api/status`, which E2B's unit pair waits on.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from e2b import Template, wait_for_url
+from e2b.template.main import TemplateFinal
+from e2b_code_interpreter import Sandbox
+
+from agentenv.config import load_config
+from agentenv.guest import interpreter
+
+from ..live import LiveServer
+from ..packagemirror import Mirror, package_mirror
+from .plaindebian import plain_debian_image
+
+pytestmark = [pytest.mark.vm, pytest.mark.slow, pytest.mark.usefixtures("e2b_env")]
+
+NAME = "e2b-code-interpreter"
+# E2B's list, less fonts-noto-cjk (not in the kit's packages), and Debian's nodejs.
+APT_PACKAGES = ["build-essential", "curl", "git", "util-linux", "jq", "sudo", "ca-certificates"]
+REQUIREMENTS = "ipykernel\nipython\nmatplotlib\n"
+SERVER_REQUIREMENTS = "jupyter_client\naiohttp\n"
+
+JUPYTER_UNIT = """\
+[Unit]
+Description=Jupyter Server (a stand-in answering /api/status)
+Wants=code-interpreter.service
+StartLimitBurst=0
+
+[Service]
+Type=simple
+Environment=MATPLOTLIBRC=/root/.config/matplotlib/.matplotlibrc
+ExecStart=/usr/bin/python3 -m http.server 8888 --directory /root/.jupyter/status
+ExecStartPost=-/usr/bin/systemctl reset-failed code-interpreter
+Restart=on-failure
+RestartSec=1
+StandardOutput=null
+StandardError=journal
+"""
+
+INTERPRETER_UNIT = """\
+[Unit]
+Description=Code Interpreter Server
+Requires=jupyter.service
+After=jupyter.service
+PartOf=jupyter.service
+StartLimitBurst=0
+
+[Service]
+Type=simple
+WorkingDirectory=/root/.server
+ExecStartPre=/root/.jupyter/jupyter-healthcheck.sh
+ExecStart=/root/.server/.venv/bin/python -m aenv_interpreter --serve
+Restart=on-failure
+RestartSec=1
+StandardOutput=journal
+StandardError=journal
+"""
+
+HEALTHCHECK = """\
+#!/bin/bash
+# Jupyter's /api/status, tried for 10 s as E2B's check does.
+for i in $(seq 1 50); do
+    if [ "$(curl -s -o /dev/null -w '%{http_code}' localhost:8888/api/status)" = 200 ]; then
+        exit 0
+    fi
+    sleep 0.2
+done
+exit 1
+"""
+
+STARTUP_SCRIPT = "startup_marker = 'ran from the IPython profile'\n"
+
+
+def context_files(into: Path) -> Path:
+    """The files E2B's template copies, under `into`."""
+    (into / "requirements.txt").write_text(REQUIREMENTS)
+    server = into / "server"
+    shutil.copytree(
+        Path(interpreter.__file__).parent,
+        server / "aenv_interpreter",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    (server / "requirements.txt").write_text(SERVER_REQUIREMENTS)
+    (into / "matplotlibrc").write_text("figure.dpi: 72\n")
+    (into / "jupyter-healthcheck.sh").write_text(HEALTHCHECK)
+    (into / "ipython_kernel_config.py").write_text("c.IPKernelApp.matplotlib = 'inline'\n")
+    (into / "startup_scripts").mkdir()
+    (into / "startup_scripts" / "0001_marker.py").write_text(STARTUP_SCRIPT)
+    (into / "systemd").mkdir()
+    (into / "systemd" / "jupyter.service").write_text(JUPYTER_UNIT)
+    (into / "systemd" / "code-interpreter.service").write_text(INTERPRETER_UNIT)
+    return into
+
+
+def e2b_template(image: str, mirror: Mirror, context: Path) -> TemplateFinal:
+    """E2B's `make_template(kernels=["python"])`, adapted as the module says."""
+    return (
+        Template(file_context_path=str(context))
+        .from_image(image)
+        .set_user("root")
+        .set_workdir("/root")
+        .set_envs(
+            {
+                "PIP_DEFAULT_TIMEOUT": "100",
+                "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                "PIP_NO_CACHE_DIR": "1",
+                "JAVA_VERSION": "11",
+                "JAVA_HOME": "/usr/lib/jvm/jdk-${JAVA_VERSION}",
+                "IJAVA_VERSION": "1.3.0",
+                "R_VERSION": "4.5.*",
+                **mirror.pip_env,
+            }
+        )
+        .run_cmd(mirror.apt_setup)
+        .apt_install(APT_PACKAGES)
+        .apt_install("nodejs")
+        .copy("requirements.txt", "requirements.txt")
+        .pip_install("--no-cache-dir -r requirements.txt")
+        .run_cmd("ipython kernel install --name 'python3' --user")
+        .copy("server", ".server")
+        .run_cmd("python -m venv .server/.venv")
+        .run_cmd(".server/.venv/bin/pip install --no-cache-dir -r .server/requirements.txt")
+        .copy("matplotlibrc", ".config/matplotlib/.matplotlibrc")
+        .copy("jupyter-healthcheck.sh", ".jupyter/jupyter-healthcheck.sh")
+        .run_cmd("chmod +x .jupyter/jupyter-healthcheck.sh")
+        .run_cmd("mkdir -p .jupyter/status/api && echo '{}' > .jupyter/status/api/status")
+        .make_dir(".ipython/profile_default/startup")
+        .copy("ipython_kernel_config.py", ".ipython/profile_default/")
+        .copy("startup_scripts", ".ipython/profile_default/startup")
+        .copy("systemd/jupyter.service", "/etc/systemd/system/jupyter.service")
+        .copy("systemd/code-interpreter.service", "/etc/systemd/system/code-interpreter.service")
+        .set_user("user")
+        .set_workdir("/home/user")
+        .set_start_cmd(
+            "sudo systemctl start jupyter", wait_for_url("http://localhost:49999/health")
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def mirror(server: LiveServer, kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Mirror:
+    """The mirror E2B's template was built from, built once for the module; by then it
+    has stopped (the template's sandboxes need it no more)."""
+    workdir = tmp_path_factory.mktemp("e2b-template")
+    context = context_files(workdir / "context")
+    with plain_debian_image(workdir) as image, package_mirror(load_config(), workdir / "m") as m:
+        Template.build(e2b_template(image, m, context), alias=NAME, cpu_count=2, memory_mb=1024)
+    return m
+
+
+def test_the_sdk_runs_code_in_e2bs_template(mirror: Mirror) -> None:
+    sandbox = Sandbox.create(NAME)
+    try:
+        assert sandbox.run_code("x = 40 + 2; x").text == "42"
+        assert sandbox.run_code("x + 1").text == "43"
+        # IPython read E2B's profile: its startup scripts and kernel config.
+        assert sandbox.run_code("startup_marker").text == repr(STARTUP_SCRIPT.split("'")[1])
+        chart = sandbox.run_code(
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4])\nplt.show()"
+        )
+        assert chart.error is None and chart.results and chart.results[0].png
+        env = sandbox.commands.run("whoami; pwd; echo $JAVA_HOME; sudo -n id -un; node -e 1")
+        assert env.stdout.splitlines() == ["user", "/home/user", "/usr/lib/jvm/jdk-11", "root"]
+        units = sandbox.commands.run("systemctl is-active jupyter code-interpreter")
+        assert units.stdout.splitlines() == ["active", "active"]
+        # apt and pip had no source but the mirror: nothing came from the internet.
+        sources = sandbox.commands.run(
+            "cat /etc/apt/sources.list; ls /etc/apt/sources.list.d | wc -l; echo $PIP_NO_INDEX"
+        ).stdout.splitlines()
+        assert sources == [mirror.apt_source, "0", "1"]
+    finally:
+        sandbox.kill()
+
+
+def test_a_killed_service_is_restarted_and_stops_with_jupyter(mirror: Mirror) -> None:
+    sandbox = Sandbox.create(NAME)
+    try:
+        assert sandbox.run_code("1 + 1").text == "2"
+        sandbox.commands.run("sudo pkill -KILL -f 'aenv_interpreter --serve'")
+        # Restart=on-failure, RestartSec=1: back within seconds, with a fresh kernel.
+        waited = sandbox.commands.run(
+            "for i in $(seq 1 120); do curl -sf localhost:49999/health && exit 0; sleep 0.5;"
+            " done; exit 1",
+            timeout=120,
+        )
+        assert waited.exit_code == 0
+        assert sandbox.run_code("2 + 2").text == "4"
+        sandbox.commands.run("sudo systemctl stop jupyter")
+        # PartOf=jupyter.service: the code interpreter stopped with it.
+        stopped = sandbox.commands.run("systemctl is-active code-interpreter || true")
+        assert stopped.stdout == "inactive\n"
+    finally:
+        sandbox.kill()
