@@ -1,4 +1,5 @@
-"""Pack a directory tree into a sparse ext4 image with `mkfs.ext4 -d` (no loop mounts)."""
+"""Pack a directory tree into a sparse ext4 image with `mkfs.ext4 -d` (no loop mounts), and
+read an image's filesystem size from its superblock."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from agentenv.guest.buildutil import KitBuildError, Progress, run, step
 
 BLOCK = 4096
 INODE_SIZE = 256
+# The superblock: 1024 bytes in; its magic, block counts and block size's log.
+SUPERBLOCK = 1024
+MAGIC = 0xEF53
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,18 @@ def _mkfs(tree: Path, image: Path, size: int, label: str, features: str, used: i
     # every sandbox's overlay. The journal needs no zeroing: the file is new, its holes read 0.
     argv += ["-O", features, "-E", "lazy_itable_init=0,lazy_journal_init=1", image]
     run(f"mkfs.ext4 {image.name}", argv)
+
+
+def filesystem_bytes(image: Path) -> int | None:
+    """The size of the ext4 filesystem at the start of `image` (which may be a larger
+    disk: a grown filesystem fills more of it), or None when there is none."""
+    with image.open("rb") as disk:
+        disk.seek(SUPERBLOCK)
+        block = disk.read(1024)
+    if len(block) < 1024 or int.from_bytes(block[56:58], "little") != MAGIC:
+        return None
+    count = int.from_bytes(block[4:8], "little")
+    incompat_64bit = int.from_bytes(block[96:100], "little") & 0x80
+    if incompat_64bit:
+        count |= int.from_bytes(block[0x150:0x154], "little") << 32
+    return count * (1024 << int.from_bytes(block[24:28], "little"))

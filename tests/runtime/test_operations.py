@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -382,3 +383,16 @@ async def test_snapshot_copies_fetched_before_the_host_rebooted_are_dropped(h: H
         records.append(record)
     assert await snapshots.open() == 1
     assert not snapshots.files(records[0]).exists() and snapshots.files(records[1]).exists()
+
+
+async def test_a_grown_template_disk_is_what_its_sandboxes_are_admitted_for(h: Harness) -> None:
+    """A build's minFreeDiskMb grew the template's filesystem: admission counts all of it."""
+    rootfs = h.manager.machines.catalog.resolve("base").rootfs
+    grown_mb = h.manager.cfg.sandbox.disk_size_mb * 2
+    with rootfs.open("r+b") as disk:  # a larger disk yet, as a built template's
+        disk.truncate(grown_mb * 4 << 20)
+    mkfs = ["mkfs.ext4", "-q", "-F", "-b", "4096", str(rootfs), f"{grown_mb}M"]
+    subprocess.run(mkfs, check=True, capture_output=True)
+    record = await h.manager.store.get(await h.create())
+    assert record is not None
+    assert record.disk_mb == grown_mb

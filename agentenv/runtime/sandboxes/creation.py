@@ -14,6 +14,7 @@ from ...state.sandboxes import SandboxOptions, SandboxRecord
 from ..machine.bootsnap import Shape
 from ..machine.cleanup import CleanupStack
 from ..machine.guestconfig import guest_config
+from .machines import disk_demand_mb
 from .manager import SandboxManager
 from .warmpool import WarmPool
 
@@ -40,9 +41,10 @@ async def requested_record(
     guest: dict[str, Any],
     layers: dict[str, str] | None = None,
     reserved: tuple[str, int] | None = None,
+    disk_mb: int | None = None,
 ) -> SandboxRecord:
     """A new record for a create request, its timeout clamped (the sandbox from a template
-    here, or from a snapshot)."""
+    here, or from a snapshot); `disk_mb` is its disk's demand (else the default)."""
     return await manager.intake.new_record(
         template_id=template_id,
         alias=alias,
@@ -52,6 +54,7 @@ async def requested_record(
         options=request.options,
         layers=layers,
         reserved=reserved,
+        disk_mb=disk_mb,
     )
 
 
@@ -71,6 +74,7 @@ class SandboxCreations:
             request.vcpus or template.vcpus or sandbox.vcpus,
             request.memory_mb or template.memory_mb or sandbox.memory_mb,
         )
+        disk_mb = await asyncio.to_thread(disk_demand_mb, template, sandbox.disk_size_mb)
         pool = self.pool
         warm = pool.take(template.template_id, shape) if pool is not None else None
         try:
@@ -82,6 +86,7 @@ class SandboxCreations:
                 shape=shape,
                 guest=guest_config(template),
                 reserved=(warm.sandbox_id, warm.slot) if warm is not None else None,
+                disk_mb=disk_mb,
             )
         except BaseException:
             if warm is not None:

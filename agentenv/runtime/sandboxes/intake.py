@@ -66,6 +66,7 @@ class SandboxIntake:
         options: SandboxOptions,
         layers: dict[str, str] | None = None,
         reserved: tuple[str, int] | None = None,
+        disk_mb: int | None = None,
     ) -> SandboxRecord:
         """Admit a sandbox and store its `creating` record with a free network slot (or
         the `reserved` id and slot of a warm VM); `layers` are stored ones its files start
@@ -81,7 +82,7 @@ class SandboxIntake:
                 end_at=started + timedelta(seconds=timeout),
                 vcpus=shape.vcpus,
                 memory_mb=shape.memory_mb,
-                disk_mb=self.cfg.sandbox.disk_size_mb,
+                disk_mb=disk_mb or self.cfg.sandbox.disk_size_mb,
                 slot=0,
                 guest=guest,
                 access_token=secrets.token_hex(16) if options.secure else None,

@@ -16,6 +16,7 @@ from ...config import Config
 from ...crashpoints import crash_point
 from ...errors import PermanentlyUnavailable, Unavailable
 from ...guest.client import AgentClient
+from ...guest.ext4 import filesystem_bytes
 from ...guest.kit import Kit, guest_args, load_kit
 from ...guest.rpc import ConnectError
 from ...images.catalog import Template, TemplateCatalog
@@ -183,6 +184,14 @@ class SandboxMachines:
             return (workdir / "rootfs.qcow2").is_file()
         snapshot = self.snapshot_dir(record.sandbox_id)
         return self.driver.saved_state_intact(snapshot) and guestram.holds_ram(workdir, snapshot)
+
+
+def disk_demand_mb(template: Template, default_mb: int) -> int:
+    """The disk a sandbox of `template` may fill, for admission: the template's filesystem
+    where a build grew it past the default (E2B's minFreeDiskMb), else the default."""
+    if template.rootfs_format != "raw":
+        return default_mb
+    return max(default_mb, (filesystem_bytes(template.rootfs) or 0) >> 20)
 
 
 def _disk_size(template: Template) -> int:
