@@ -1,25 +1,32 @@
 """Placement: which nodes may take a new sandbox (or a moving paused one), best first.
 
-Capacity and admission first: only active nodes that heartbeat recently and report room
+Capacity and admission first: only active nodes that heartbeat recently and have room
 for the sandbox's memory are candidates (the node's own admission stays the final word,
-and the control plane tries the next candidate when a node refuses). Then locality: a
-node that already holds what the sandbox starts from (the snapshot's files, the
-template's disk stack in its block daemon, the paused sandbox's files) reads nothing from
-the object store, while it is not nearly full (`LOCAL_LOAD_LIMIT`). Then spread: the
-node with the most free committed memory, so load evens out; ties are broken by a hash
-of the request's key, not always the same node.
+and the control plane tries the next candidate when a node refuses). Room counts what a
+node last reported plus what was placed on it since (`Reserved`, from the placement
+ledger), so a burst of creates sees each other before any heartbeat does.
+
+Then locality: a node that already holds what the sandbox starts from (the snapshot's
+files, the template's disk stack in its block daemon, the paused sandbox's files) reads
+nothing from the object store, while its load is below `LOCAL_LOAD_LIMIT`. Then spread:
+the least loaded node, where load is the most used of its memory, its committed vCPUs
+and its CPU (run queue per core); ties are broken by a hash of the request's key.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..state.nodes import NodeInfo
 
-# A node holding the content is preferred while it is committed below this fraction of its
-# memory; past it, it competes on free memory like any other (a popular template would
-# otherwise fill its first nodes to the brim while others idle).
+# A node holding the content is preferred while its load is below this; past it, it
+# competes on load like any other (a popular template would otherwise fill its first
+# nodes to the brim while others idle).
 LOCAL_LOAD_LIMIT = 0.75
+# Committed vCPUs per core at which a node counts as full on CPU: agents idle most of
+# the time, so vCPUs are overcommitted; past this they queue for the cores.
+VCPUS_PER_CORE = 4
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,7 @@ class Wanted:
     """What a placement is for."""
 
     memory_mb: int
+    vcpus: int = 1
     # Spreads ties between equal nodes (a template id, a sandbox id).
     key: str = ""
     # Local content that makes a node the better choice: snapshot ids, layer ids.
@@ -36,25 +44,60 @@ class Wanted:
     origin: str | None = None
 
 
-def candidates(nodes: list[NodeInfo], wanted: Wanted, now: float, timeout: float) -> list[NodeInfo]:
+@dataclass(frozen=True)
+class Reserved:
+    """Placed on a node since its last heartbeat: not in what it reported yet."""
+
+    memory_mb: int = 0
+    vcpus: int = 0
+
+
+NOTHING = Reserved()
+
+
+def candidates(
+    nodes: list[NodeInfo],
+    wanted: Wanted,
+    now: float,
+    timeout: float,
+    reserved: Mapping[str, Reserved] | None = None,
+) -> list[NodeInfo]:
     """Nodes that may take `wanted`, best first."""
+    held = reserved or {}
     fit = [
         n
         for n in nodes
         if n.state.places
         and n.silent_for(now) < timeout
-        and n.capacity.free_memory_mb >= wanted.memory_mb
+        and free_memory_mb(n, held.get(n.name, NOTHING)) >= wanted.memory_mb
     ]
-    return sorted(fit, key=lambda n: _rank(n, wanted))
+    return sorted(fit, key=lambda n: _rank(n, wanted, held.get(n.name, NOTHING)))
 
 
-def _rank(node: NodeInfo, wanted: Wanted) -> tuple[int, int, int]:
+def free_memory_mb(node: NodeInfo, held: Reserved) -> int:
+    return node.capacity.free_memory_mb - held.memory_mb
+
+
+def load(node: NodeInfo, held: Reserved) -> float:
+    """How full the node is (1.0: full): the most used of memory, committed vCPUs and
+    its CPU."""
     capacity = node.capacity
+    if capacity.memory_mb <= 0:
+        return 1.0
+    memory = (capacity.committed_memory_mb + held.memory_mb) / capacity.memory_mb
+    cores = max(capacity.cores, 1)
+    vcpus = (capacity.committed_vcpus + held.vcpus) / (cores * VCPUS_PER_CORE)
+    return max(memory, vcpus, capacity.cpu_load)
+
+
+def _rank(node: NodeInfo, wanted: Wanted, held: Reserved) -> tuple[int, float, int]:
+    capacity = node.capacity
+    full = load(node, held)
     local = (
         node.name == wanted.origin
         or any(s in capacity.snapshot_set for s in wanted.snapshots)
         or any(layer in capacity.layer_set for layer in wanted.layers)
-    ) and capacity.committed_memory_mb < LOCAL_LOAD_LIMIT * capacity.memory_mb
+    ) and full < LOCAL_LOAD_LIMIT
     # Any stable mix of key and node will do: it only orders equals.
     tie = hash((wanted.key, node.name))
-    return (0 if local else 1, -capacity.free_memory_mb, tie)
+    return (0 if local else 1, full, tie)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import secrets
@@ -27,10 +28,11 @@ from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
 from ..state.lifecycle import Event, allows
 from ..state.nodes import NodeInfo, NodeRegistry
+from ..state.placements import PlacementLedger
 from ..state.sandboxes import SandboxRecord, SqlSandboxStore
 from ..storage.objectstore import ObjectStoreError
 from ..storage.stores import open_object_store
-from .placement import Wanted, candidates
+from .placement import Reserved, Wanted, candidates
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,10 @@ class ControlPlane:
         objects = open_object_store(cfg)
         self.templates = TemplateRegistry(objects)
         self.snapshots = SnapshotRegistry(objects)
+        self.placements = PlacementLedger(engine)
+        # One placement decision at a time per replica: a burst's creates each see the
+        # ones placed before them (the ledger shows them to the other replicas).
+        self._placing = asyncio.Lock()
         self.client = client
 
     # -- where requests go -------------------------------------------------------------
@@ -135,22 +141,64 @@ class ControlPlane:
             raise NotFound(f"sandbox '{sandbox_id}' not found")
         return record
 
+    # -- placement ----------------------------------------------------------------------
+
+    async def _place(self, wanted: Wanted, exclude: str = "") -> tuple[list[NodeInfo], str]:
+        """The candidates for `wanted`, best first (never `exclude`), and a placement
+        reserved on the first; Unavailable when none has room."""
+        async with self._placing:
+            reserved = {
+                name: Reserved(placed.memory_mb, placed.vcpus)
+                for name, placed in (await self.placements.outstanding()).items()
+            }
+            nodes = candidates(
+                await self.nodes.list(),
+                wanted,
+                time.time(),
+                self.cfg.cluster.node_timeout,
+                reserved,
+            )
+            nodes = [n for n in nodes if n.name != exclude]
+            if not nodes:
+                raise Unavailable("no node has room for the sandbox")
+            return nodes, await self._reserve(nodes[0], wanted)
+
+    async def _reserve(self, node: NodeInfo, wanted: Wanted) -> str:
+        return await self.placements.reserve(node.name, wanted.memory_mb, wanted.vcpus)
+
+    async def _close(self, placement: str, taken: bool) -> None:
+        """A placement's node answered: it took the sandbox (the placement counts until
+        its heartbeat shows it), or not (it never counted)."""
+        if taken:
+            await self.placements.settle(placement)
+        else:
+            await self.placements.release(placement)
+
     async def _move(self, record: SandboxRecord, headers: Mapping[str, str]) -> NodeInfo:
-        wanted = Wanted(memory_mb=record.memory_mb, key=record.sandbox_id, origin=record.node)
-        nodes = candidates(
-            await self.nodes.list(), wanted, time.time(), self.cfg.cluster.node_timeout
+        wanted = Wanted(
+            memory_mb=record.memory_mb,
+            vcpus=record.vcpus,
+            key=record.sandbox_id,
+            origin=record.node,
         )
-        nodes = [n for n in nodes if n.name != record.node]
-        if not nodes:
-            raise Unavailable(f"sandbox '{record.sandbox_id}': no other node has room for it")
-        for node in nodes:
+        try:
+            nodes, placement = await self._place(wanted, exclude=record.node)
+        except Unavailable:
+            raise Unavailable(
+                f"sandbox '{record.sandbox_id}': no other node has room for it"
+            ) from None
+        for index, node in enumerate(nodes):
+            if index:
+                placement = await self._reserve(node, wanted)
             try:
                 answer = await self._call(
                     node, "POST", f"/sandboxes/{record.sandbox_id}/adopt", headers
                 )
             except httpx.HTTPError as exc:
                 log.warning("node %s could not adopt %s: %s", node.name, record.sandbox_id, exc)
+                await self._close(placement, taken=False)
                 continue
+            await self._close(placement, taken=answer.status_code == 204)
             if answer.status_code == 204:
                 log.info(
                     "sandbox %s moved from %s to %s", record.sandbox_id, record.node, node.name
@@ -172,20 +220,18 @@ class ControlPlane:
         own; nodes share their keys), so a create that reached a node never runs twice.
         Its answer, whatever it is otherwise."""
         wanted = await self._wanted_for_create(body)
-        nodes = candidates(
-            await self.nodes.list(), wanted, time.time(), self.cfg.cluster.node_timeout
-        )
-        if not nodes:
-            raise Unavailable("no node has room for a new sandbox")
+        nodes, placement = await self._place(wanted)
         headers = dict(headers)
         if IDEMPOTENCY_KEY.lower() not in {name.lower() for name in headers}:
             headers[IDEMPOTENCY_KEY] = str(uuid.uuid4())
         answer: httpx.Response | None = None
         queue = collections.deque(nodes)
-        for _ in range(len(nodes) + RELAY_RETRIES):
+        for attempt_number in range(len(nodes) + RELAY_RETRIES):
             if not queue:
                 break
             node = queue.popleft()
+            if attempt_number:
+                placement = await self._reserve(node, wanted)
             try:
                 attempt = await self._call(node, "POST", path, headers, body)
             except httpx.HTTPError as exc:
@@ -194,8 +240,10 @@ class ControlPlane:
             else:
                 lost = attempt.status_code in _LOST_ON_THE_WAY
                 if (attempt.status_code != 503 and not lost) or _being_built(attempt):
+                    await self._close(placement, taken=attempt.is_success)
                     return attempt
                 answer = attempt
+            await self._close(placement, taken=False)
             if lost:
                 queue.append(node)  # it may have the create: asked again, it answers that
         if answer is None:
@@ -203,24 +251,31 @@ class ControlPlane:
         return answer
 
     async def _wanted_for_create(self, body: bytes) -> Wanted:
-        memory = self.cfg.sandbox.memory_mb
-        key = secrets.token_hex(8)  # creates of one template spread over equal nodes
+        sandbox = self.cfg.sandbox
+        # Creates of one template spread over equal nodes.
+        unknown = Wanted(sandbox.memory_mb, sandbox.vcpus, secrets.token_hex(8))
         try:
             template = json.loads(body).get("templateID")
         except (ValueError, AttributeError):
-            return Wanted(memory_mb=memory, key=key)  # the node answers it with a 400
+            return unknown  # the node answers it with a 400
         if not isinstance(template, str):
-            return Wanted(memory_mb=memory, key=key)
+            return unknown
         try:
             snapshot = await asyncio.to_thread(self.snapshots.lookup, template)
             if snapshot is not None:
-                return Wanted(memory, key, snapshots=frozenset({snapshot.snapshot_id}))
+                snapshots = frozenset({snapshot.snapshot_id})
+                return dataclasses.replace(unknown, snapshots=snapshots)
             record = await asyncio.to_thread(self.templates.find, template)
         except (NotFound, ObjectStoreError):
-            return Wanted(memory_mb=memory, key=key)
+            return unknown
         if record is None:
-            return Wanted(memory_mb=memory, key=key)
-        return Wanted(record.memory_mb or memory, key, layers=frozenset(record.layers[-1:]))
+            return unknown
+        return dataclasses.replace(
+            unknown,
+            memory_mb=record.memory_mb or sandbox.memory_mb,
+            vcpus=record.vcpus or sandbox.vcpus,
+            layers=frozenset(record.layers[-1:]),
+        )
 
     async def _call(
         self,
@@ -239,6 +294,7 @@ class ControlPlane:
         while True:
             try:
                 await self.settle_lost_nodes()
+                await self.placements.forget_reflected()
             except Exception:
                 log.exception("checking for lost nodes failed")
             await asyncio.sleep(WATCH_INTERVAL)

@@ -92,6 +92,11 @@ class NodeCapacity:
     disk_mb: int = 0
     committed_disk_mb: int = 0
     max_vcpus: int = 0
+    # The host's cores, the vCPUs its running sandboxes were given, and its CPU's
+    # 1-minute load average per core (1.0: every core busy).
+    cores: int = 0
+    committed_vcpus: int = 0
+    cpu_load: float = 0.0
     running: int = 0
     paused: int = 0
     # Top layers of the stacks its block daemon serves (templates' disks, restored RAM).

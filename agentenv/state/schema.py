@@ -65,6 +65,20 @@ nodes = sa.Table(
     sa.Column("registered_at", sa.Float, nullable=False),
 )
 
+# What the control plane placed on a node that its heartbeats do not show yet
+# (`placements.py`): in flight until settled, then counted until a newer heartbeat.
+placements = sa.Table(
+    "placements",
+    metadata,
+    sa.Column("placement_id", sa.Text, primary_key=True),
+    sa.Column("node", sa.Text, nullable=False, index=True),
+    sa.Column("memory_mb", sa.Integer, nullable=False),
+    sa.Column("vcpus", sa.Integer, nullable=False),
+    # Seconds since the epoch, by the control plane's clock.
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("settled_at", sa.Float),
+)
+
 # Named persistent volumes; their files live on the node that serves them (`volumes/`).
 volumes = sa.Table(
     "volumes",

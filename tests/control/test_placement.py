@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentenv.control.placement import Wanted, candidates
+from agentenv.control.placement import Reserved, Wanted, candidates, load
 from agentenv.state.nodes import NodeCapacity, NodeInfo, NodeState
 
 NOW = 1000.0
@@ -57,3 +57,28 @@ def test_equal_nodes_are_spread_by_key() -> None:
     assert names(candidates(nodes, Wanted(512, key="x"), NOW, 15)) == names(
         candidates(nodes, Wanted(512, key="x"), NOW, 15)
     )
+
+
+def test_placements_since_the_heartbeat_count_against_a_node() -> None:
+    nodes = [node("a", 3000), node("b", 2900)]
+    assert names(candidates(nodes, Wanted(512), NOW, 15))[0] == "a"
+    reserved = {"a": Reserved(memory_mb=512)}
+    assert names(candidates(nodes, Wanted(512), NOW, 15, reserved)) == ["b", "a"]
+    # Reserved memory is not free: a node it fills is no candidate.
+    assert names(candidates(nodes, Wanted(512), NOW, 15, {"a": Reserved(2600)})) == ["b"]
+
+
+def test_cpu_counts_as_well_as_memory() -> None:
+    busy = node("busy-cpu", 4000, cores=2, cpu_load=0.9)
+    vcpus = node("many-vcpus", 4000, cores=2, committed_vcpus=7)
+    quiet = node("quiet", 2500, cores=2, cpu_load=0.1)
+    assert names(candidates([busy, vcpus, quiet], Wanted(512), NOW, 15)) == [
+        "quiet",
+        "many-vcpus",
+        "busy-cpu",
+    ]
+    assert load(vcpus, Reserved(vcpus=1)) == 1.0
+    # A node holding the layer loses its preference once it is loaded on CPU alone.
+    local = node("local-busy", 4000, layers=["top"], cores=2, cpu_load=0.8)
+    wanted = Wanted(512, layers=frozenset({"top"}))
+    assert names(candidates([local, quiet], wanted, NOW, 15))[0] == "quiet"

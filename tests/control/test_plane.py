@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,6 +17,7 @@ from agentenv.errors import NotFound, TemplateBeingBuilt, Unavailable, error_ans
 from agentenv.state.idempotency import KEY_SHAPE
 from agentenv.state.lifecycle import State
 from agentenv.state.nodes import NodeCapacity, NodeEvent
+from agentenv.state.placements import SETTLE_MARGIN
 from agentenv.state.sandboxes import SandboxRecord, SqlSandboxStore, open_engine
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -180,4 +183,60 @@ async def test_a_template_being_built_is_answered_by_the_first_node(
         created = await plane.create("/v2/sandboxes", b'{"templateID": "code-interpreter-v1"}', {})
     assert created.status_code == 503 and created.headers["Retry-After"] == "30"
     assert len(calls) == 1
+    await engine.dispose()
+
+
+async def test_a_burst_of_creates_spreads_before_any_heartbeat(
+    tmp_path: Path, state_url: str
+) -> None:
+    """Every node reports the same free memory and none heartbeats during the burst: the
+    placements each create reserves are what the next ones see."""
+    cfg = Config()
+    cfg.paths.home = str(tmp_path)
+    taken: collections.Counter[str] = collections.Counter()
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.01)
+        taken[request.url.host] += 1
+        return httpx.Response(201, json={})
+
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        plane = ControlPlane(cfg, engine, client)
+        names = [f"n{i}" for i in range(10)]
+        for name in names:
+            capacity = NodeCapacity(memory_mb=64 * 1024, cores=16)
+            await plane.nodes.register(name, f"http://{name}", capacity)
+        body = b'{"templateID": "base"}'
+        await asyncio.gather(*(plane.create("/v2/sandboxes", body, {}) for _ in range(100)))
+        assert sorted(taken) == names and set(taken.values()) == {10}
+        # Until the nodes heartbeat, their placements count; after, their reports do.
+        assert sum(p.memory_mb for p in (await plane.placements.outstanding()).values()) == (
+            100 * cfg.sandbox.memory_mb
+        )
+        await asyncio.sleep(SETTLE_MARGIN + 0.05)
+        for name in names:
+            await plane.nodes.heartbeat(name, NodeCapacity(memory_mb=64 * 1024, cores=16))
+        assert await plane.placements.outstanding() == {}
+        assert await plane.placements.forget_reflected() == 100
+    await engine.dispose()
+
+
+async def test_a_refused_or_failed_create_reserves_nothing(tmp_path: Path, state_url: str) -> None:
+    cfg = Config()
+    cfg.paths.home = str(tmp_path)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "refuses":
+            return httpx.Response(503, json={})
+        return httpx.Response(400, json={"code": 400, "message": "bad"})
+
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        plane = ControlPlane(cfg, engine, client)
+        await plane.nodes.register("refuses", "http://refuses", NodeCapacity(memory_mb=8192))
+        await plane.nodes.register("n1", "http://n1", NodeCapacity(memory_mb=4096))
+        answered = await plane.create("/v2/sandboxes", b'{"templateID": "base"}', {})
+        assert answered.status_code == 400
+        assert await plane.placements.outstanding() == {}
     await engine.dispose()

@@ -44,12 +44,16 @@ class NodePresence:
         records = await manager.store.list()
         committed = committed_by(records)
         mounts = await asyncio.to_thread(self.blockd.status)
+        cores = os.cpu_count() or 1
         return NodeCapacity(
             memory_mb=manager.intake.capacity.memory_mb,
             committed_memory_mb=sum(d.memory_mb for d in committed),
             disk_mb=manager.intake.capacity.disk_mb,
             committed_disk_mb=sum(d.disk_mb for d in committed),
             max_vcpus=manager.intake.capacity.max_vcpus,
+            cores=cores,
+            committed_vcpus=sum(d.vcpus for d in committed),
+            cpu_load=round(os.getloadavg()[0] / cores, 3),
             running=sum(PUBLIC_STATE[r.state] == "running" for r in records),
             paused=sum(PUBLIC_STATE[r.state] == "paused" for r in records),
             layers=[m["layers"][-1] for m in mounts.get("mounts", []) if m.get("layers")],
