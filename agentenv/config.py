@@ -72,7 +72,7 @@ class SandboxConfig:
     boot_attempts: int = 2
     # Restore sandboxes from a per-shape snapshot of a booted guest instead of booting.
     boot_snapshots: bool = True
-    # Host memory/disk kept free; creation answers 503 below these.
+    # Host memory/disk kept free; creation waits, then answers 429, below these.
     min_free_memory_mb: int = 512
     min_free_disk_mb: int = 1024
     # Sandboxes' configured memory may sum to host memory times this: below what they
@@ -93,6 +93,9 @@ class SandboxConfig:
     merge_identical_pages: bool = False
     # Sandboxes' disks and RAM files may sum to the host's disk times this.
     disk_overcommit: float = 1.0
+    # Seconds a create or resume the host has no room for waits in line for room (a
+    # sandbox ending or pausing) before it is answered 429 with Retry-After.
+    admission_wait: float = 5.0
     # vCPUs one sandbox may have; 0 means the host's CPU count.
     max_vcpus: int = 0
     # Most sandboxes one fork request may start (E2B's SDK itself sends at most 20).

@@ -75,6 +75,13 @@ class Unavailable(AenvError):
     retry_after: int | None = RETRY_AFTER_SECONDS
 
 
+class AtCapacity(Unavailable):
+    """No room for the sandbox now (host memory or disk, or no node with room): 429 with
+    `Retry-After`, which E2B's SDKs retry; room frees as sandboxes end or pause."""
+
+    status = 429
+
+
 class TemplateBeingBuilt(Unavailable):
     """A create of a built-in template while it is being built. Every node of a cluster
     gives the same answer (they share the build's state), so the control plane passes it

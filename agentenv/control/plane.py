@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ..api.idempotency import IDEMPOTENCY_KEY
 from ..api.models import MAX_METRICS_SANDBOXES, SandboxesWithMetrics, SandboxMetric
 from ..config import Config
-from ..errors import InvalidInput, NotFound, TemplateBeingBuilt, Unavailable
+from ..errors import AtCapacity, InvalidInput, NotFound, TemplateBeingBuilt, Unavailable
 from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
 from ..state.lifecycle import Event, allows
@@ -42,6 +42,8 @@ WATCH_INTERVAL = 1.0
 RELAY_RETRIES = 2
 # Answers of a proxy between here and a node that lost the node's answer.
 _LOST_ON_THE_WAY = (502, 504)
+# A node's answers that another node may not give: it is full (429) or cannot now (503).
+_NO_ROOM = (429, 503)
 
 
 class ControlPlane:
@@ -145,7 +147,7 @@ class ControlPlane:
 
     async def _place(self, wanted: Wanted, exclude: str = "") -> tuple[list[NodeInfo], str]:
         """The candidates for `wanted`, best first (never `exclude`), and a placement
-        reserved on the first; Unavailable when none has room."""
+        reserved on the first; AtCapacity (429) when none has room."""
         async with self._placing:
             reserved = {
                 name: Reserved(placed.memory_mb, placed.vcpus)
@@ -160,7 +162,7 @@ class ControlPlane:
             )
             nodes = [n for n in nodes if n.name != exclude]
             if not nodes:
-                raise Unavailable("no node has room for the sandbox")
+                raise AtCapacity("no node has room for the sandbox")
             return nodes, await self._reserve(nodes[0], wanted)
 
     async def _reserve(self, node: NodeInfo, wanted: Wanted) -> str:
@@ -183,8 +185,8 @@ class ControlPlane:
         )
         try:
             nodes, placement = await self._place(wanted, exclude=record.node)
-        except Unavailable:
-            raise Unavailable(
+        except AtCapacity:
+            raise AtCapacity(
                 f"sandbox '{record.sandbox_id}': no other node has room for it"
             ) from None
         for index, node in enumerate(nodes):
@@ -214,8 +216,8 @@ class ControlPlane:
         raise Unavailable(f"sandbox '{record.sandbox_id}': no node could take it")
 
     async def create(self, path: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
-        """Send a create to the best node with room: the next one when a node refuses for
-        capacity (503) or cannot be reached; again later when its answer was lost on the
+        """Send a create to the best node with room: the next one when a node has no room
+        (429, 503) or cannot be reached; again later when its answer was lost on the
         way. Every attempt carries one idempotency key (the client's, else one of its
         own; nodes share their keys), so a create that reached a node never runs twice.
         Its answer, whatever it is otherwise."""
@@ -239,7 +241,8 @@ class ControlPlane:
                 lost = not isinstance(exc, httpx.ConnectError)
             else:
                 lost = attempt.status_code in _LOST_ON_THE_WAY
-                if (attempt.status_code != 503 and not lost) or _being_built(attempt):
+                refused = attempt.status_code in _NO_ROOM
+                if (not refused and not lost) or _being_built(attempt):
                     await self._close(placement, taken=attempt.is_success)
                     return attempt
                 answer = attempt

@@ -13,7 +13,13 @@ import pytest
 
 from agentenv.config import Config
 from agentenv.control.plane import ControlPlane
-from agentenv.errors import NotFound, TemplateBeingBuilt, Unavailable, error_answer
+from agentenv.errors import (
+    AtCapacity,
+    NotFound,
+    TemplateBeingBuilt,
+    Unavailable,
+    error_answer,
+)
 from agentenv.state.idempotency import KEY_SHAPE
 from agentenv.state.lifecycle import State
 from agentenv.state.nodes import NodeCapacity, NodeEvent
@@ -239,4 +245,36 @@ async def test_a_refused_or_failed_create_reserves_nothing(tmp_path: Path, state
         answered = await plane.create("/v2/sandboxes", b'{"templateID": "base"}', {})
         assert answered.status_code == 400
         assert await plane.placements.outstanding() == {}
+    await engine.dispose()
+
+
+async def test_a_node_at_capacity_spills_to_the_next_and_none_with_room_is_429(
+    tmp_path: Path, state_url: str
+) -> None:
+    cfg = Config()
+    cfg.paths.home = str(tmp_path)
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.host)
+        if request.url.host == "busy":
+            full = error_answer(AtCapacity("not enough host memory"))
+            return httpx.Response(full.status, json=full.body(), headers=full.headers())
+        return httpx.Response(201, json={})
+
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        plane = ControlPlane(cfg, engine, client)
+        # "busy" looks the emptier, but its own admission says no.
+        await plane.nodes.register("busy", "http://busy", NodeCapacity(memory_mb=8192))
+        half_full = NodeCapacity(memory_mb=4096, committed_memory_mb=2048)
+        await plane.nodes.register("n1", "http://n1", half_full)
+        created = await plane.create("/v2/sandboxes", b'{"templateID": "base"}', {})
+        assert created.status_code == 201 and asked == ["busy", "n1"]
+        full = NodeCapacity(memory_mb=4096, committed_memory_mb=4096)
+        for name in ("busy", "n1"):
+            await plane.nodes.heartbeat(name, full)
+        with pytest.raises(AtCapacity, match="no node has room") as refused:
+            await plane.create("/v2/sandboxes", b'{"templateID": "base"}', {})
+        assert error_answer(refused.value).status == 429
     await engine.dispose()

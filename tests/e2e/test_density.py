@@ -178,8 +178,8 @@ def test_an_idle_guest_drops_its_caches_and_the_node_reports_memory(
 def test_a_create_storm_gets_what_fits_and_clear_refusals(
     fresh_server: LiveServer, vms: VmFactory
 ) -> None:
-    """Eight creates at once where three 256 MiB sandboxes fit: three run, five get 503
-    naming memory, and nothing is left half-made."""
+    """Eight creates at once where three 256 MiB sandboxes fit: three run, five wait their
+    turn for room, then get 429 naming memory, and nothing is left half-made."""
     room = (total_memory_mb() - 512) / (3.5 * 256)  # three fit, four do not
     fresh_server.extra_env["AENV_SANDBOX_MEMORY_OVERCOMMIT"] = f"{1 / room:.9f}"
     fresh_server.start()
@@ -195,7 +195,7 @@ def test_a_create_storm_gets_what_fits_and_clear_refusals(
         created = [a.json() for a in answers if a.status_code == 201]
         refused = [a for a in answers if a.status_code != 201]
         assert len(created) == 3, [a.text for a in answers]
-        assert all(a.status_code == 503 for a in refused)
+        assert all(a.status_code == 429 and a.headers["retry-after"] for a in refused)
         assert all("not enough host memory" in a.json()["message"] for a in refused)
         listed = {s["sandboxID"] for s in api.get("/v2/sandboxes").json()}
         assert listed == {sandbox["sandboxID"] for sandbox in created}

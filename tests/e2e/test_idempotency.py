@@ -136,14 +136,19 @@ def test_a_key_whose_server_was_killed_runs_again_after_its_lease(
 @pytest.mark.parametrize(
     ("refusal", "attempts", "advice"),
     [
-        # No room for now: Retry-After, and the SDK tries three times more.
-        ({"AENV_SANDBOX_MEMORY_OVERCOMMIT": "0.0001"}, 4, "true"),
+        # No room for now (after a wait in line): 429 with Retry-After, and the SDK tries
+        # three times more.
+        (
+            {"AENV_SANDBOX_MEMORY_OVERCOMMIT": "0.0001", "AENV_SANDBOX_ADMISSION_WAIT": "0.2"},
+            4,
+            "true",
+        ),
         # More vCPUs than the host allows: no retry can help, the SDK stops at once.
         ({"AENV_SANDBOX_VCPUS": "2", "AENV_SANDBOX_MAX_VCPUS": "1"}, 1, "false"),
     ],
     ids=["no-capacity", "permanent"],
 )
-def test_a_503_says_whether_the_sdk_should_retry(
+def test_a_refusal_says_whether_the_sdk_should_retry(
     fresh_server: LiveServer,
     monkeypatch: pytest.MonkeyPatch,
     refusal: dict[str, str],
@@ -159,7 +164,8 @@ def test_a_503_says_whether_the_sdk_should_retry(
     creates = injector.of(*CREATES)
     assert len(creates) == attempts
     for create in creates:
-        assert create.status == 503 and create.answer_headers["should-retry"] == advice
+        assert create.status == (429 if advice == "true" else 503)
+        assert create.answer_headers["should-retry"] == advice
         assert ("retry-after" in create.answer_headers) == (advice == "true")
         # A refusal is not kept under its key: each retry was tried anew.
         assert "idempotent-replayed" not in create.answer_headers

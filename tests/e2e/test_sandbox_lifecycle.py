@@ -217,12 +217,16 @@ def test_malformed_json_and_auth(server: LiveServer) -> None:
         assert api.get("/openapi.json").json()["info"]["title"] == "AgentENV"
 
 
-def test_not_enough_memory_is_503_and_leaves_nothing(fresh_server: LiveServer) -> None:
+def test_not_enough_memory_is_429_after_a_wait_and_leaves_nothing(
+    fresh_server: LiveServer,
+) -> None:
     fresh_server.extra_env["AENV_SANDBOX_MIN_FREE_MEMORY_MB"] = str(10**9)
+    fresh_server.extra_env["AENV_SANDBOX_ADMISSION_WAIT"] = "1"
     fresh_server.start()
     with fresh_server.client() as api:
         response = api.post("/v2/sandboxes", json={"templateID": "base"})
-        assert response.status_code == 503
+        assert response.status_code == 429 and response.headers["retry-after"] == "1"
+        assert "waited 1 s for room" in response.json()["message"]
         assert "not enough host memory" in response.json()["message"]
         assert api.get("/v2/sandboxes").json() == []
     assert fresh_server.resources() == HostResources(0, 0, 0, 0, 0, 0, 0)

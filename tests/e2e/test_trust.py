@@ -54,11 +54,12 @@ def test_admission_counts_committed_memory(fresh_server: LiveServer, vms: VmFact
     first cannot resume while the second holds the memory."""
     room = (total_memory_mb() - 512) / 400  # one 256 MiB sandbox fits, two do not
     fresh_server.extra_env["AENV_SANDBOX_MEMORY_OVERCOMMIT"] = f"{1 / room:.9f}"
+    fresh_server.extra_env["AENV_SANDBOX_ADMISSION_WAIT"] = "0.5"
     fresh_server.start()
     first = vms.create(fresh_server)
     with fresh_server.client() as api:
         refused = api.post("/v2/sandboxes", json={"templateID": "base"})
-        assert refused.status_code == 503
+        assert refused.status_code == 429
         assert "not enough host memory: sandboxes hold 256 MiB" in refused.json()["message"]
         assert len(api.get("/v2/sandboxes").json()) == 1
         assert api.post(f"/sandboxes/{first['sandboxID']}/pause", json={}).status_code == 204

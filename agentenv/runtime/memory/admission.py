@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...config import SandboxConfig
-from ...errors import PermanentlyUnavailable, Unavailable
+from ...errors import AtCapacity, PermanentlyUnavailable
 from ...state.sandboxes import SandboxRecord
 
 
@@ -86,7 +86,8 @@ def admit(
     cfg: SandboxConfig,
     data_dir: Path,
 ) -> None:
-    """Raise `Unavailable` (HTTP 503) naming the resource when `demand` does not fit."""
+    """Raise `AtCapacity` (HTTP 429) naming the resource when `demand` does not fit now;
+    `PermanentlyUnavailable` when it never can."""
     if demand.vcpus > capacity.max_vcpus:
         raise PermanentlyUnavailable(
             f"a sandbox may have at most {capacity.max_vcpus} vCPUs here, {demand.vcpus} asked"
@@ -94,25 +95,25 @@ def admit(
     committed = list(committed)
     memory = sum(d.memory_mb for d in committed)
     if memory + demand.memory_mb > capacity.memory_mb:
-        raise Unavailable(
+        raise AtCapacity(
             f"not enough host memory: sandboxes hold {memory} MiB of {capacity.memory_mb} MiB, "
             f"this one needs {demand.memory_mb} MiB"
         )
     disk = sum(d.disk_mb for d in committed)
     if disk + demand.disk_mb > capacity.disk_mb:
-        raise Unavailable(
+        raise AtCapacity(
             f"not enough host disk: sandboxes hold {disk} MiB of {capacity.disk_mb} MiB, "
             f"this one needs {demand.disk_mb} MiB"
         )
     free_mem = available_memory_mb()
     if free_mem - demand.memory_mb < cfg.min_free_memory_mb:
-        raise Unavailable(
+        raise AtCapacity(
             f"not enough host memory: {free_mem} MiB available, sandbox needs "
             f"{demand.memory_mb} MiB and {cfg.min_free_memory_mb} MiB stay reserved"
         )
     free_disk = available_disk_mb(data_dir)
     if free_disk < cfg.min_free_disk_mb:
-        raise Unavailable(
+        raise AtCapacity(
             f"not enough host disk: {free_disk} MiB free under {data_dir}, "
             f"{cfg.min_free_disk_mb} MiB stay reserved"
         )

@@ -1,18 +1,27 @@
 """The intake of new sandboxes: admitted against the host's memory and disk, then stored in state
-`creating` with a network slot no other sandbox (or warm VM) holds."""
+`creating` with a network slot no other sandbox (or warm VM) holds.
+
+Past capacity, a create (or a resume) waits in line: first come, first admitted, each for
+at most `sandbox.admission_wait` seconds from its arrival, then `AtCapacity` (429 with
+Retry-After, which E2B's SDKs retry). Only the head of the line tries, so a small
+sandbox never overtakes a large one that came first.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import secrets
 import string
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ...config import Config
 from ...crashpoints import crash_point
-from ...errors import InvalidInput
+from ...errors import AtCapacity, InvalidInput
 from ...state.lifecycle import State
 from ...state.sandboxes import SandboxOptions, SandboxRecord, SandboxStore
 from ..machine.bootsnap import Shape
@@ -20,6 +29,8 @@ from ..machine.network import SandboxNetworks, traffic_token_for
 from ..memory.admission import Demand, admit, committed_by, demand_of, host_capacity
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
+# Seconds between the head of the line's tries: room frees when another sandbox ends.
+RETRY_INTERVAL = 0.1
 
 
 def new_sandbox_id() -> str:
@@ -39,6 +50,11 @@ class SandboxIntake:
         self.networks = networks
         self.capacity = host_capacity(cfg.sandbox, cfg.home)
         self.lock = asyncio.Lock()
+        # Who waits for room, first come first: one object per waiting request.
+        self._line: collections.deque[object] = collections.deque()
+        self._turns = asyncio.Condition()
+        # Why the head of the line was last refused (told to those behind it).
+        self._refusal = "the host has no room"
         # Network slots held by VMs that are no sandbox yet (the warm pool's).
         self._held_slots: set[int] = set()
 
@@ -54,6 +70,51 @@ class SandboxIntake:
         await asyncio.to_thread(
             admit, demand, committed, self.capacity, self.cfg.sandbox, self.cfg.home
         )
+
+    @asynccontextmanager
+    async def admitted(self, demand: Demand, exclude: str | None = None) -> AsyncIterator[None]:
+        """`demand` admitted in its turn; the block runs under `lock`, so what it records
+        is committed before anyone else is admitted. `AtCapacity` once the wait is over."""
+        loop = asyncio.get_running_loop()
+        wait = self.cfg.sandbox.admission_wait
+        deadline = loop.time() + wait
+        ticket = object()
+        self._line.append(ticket)
+        try:
+            if not await self._turn(ticket, deadline):
+                ahead = self._line.index(ticket)
+                raise AtCapacity(
+                    f"{self._refusal} ({ahead} earlier requests wait for room; waited {wait:g} s)"
+                )
+            while True:
+                async with self.lock:
+                    try:
+                        await self.admit(demand, exclude)
+                    except AtCapacity as refusal:
+                        self._refusal = refusal.message
+                        if loop.time() + RETRY_INTERVAL > deadline:
+                            message = f"{refusal.message} (waited {wait:g} s for room)"
+                            raise AtCapacity(message) from None
+                    else:
+                        yield
+                        return
+                await asyncio.sleep(RETRY_INTERVAL)
+        finally:
+            self._line.remove(ticket)
+            async with self._turns:
+                self._turns.notify_all()
+
+    async def _turn(self, ticket: object, deadline: float) -> bool:
+        """Wait until `ticket` heads the line; False when the deadline came first."""
+        timeout = deadline - asyncio.get_running_loop().time()
+        async with self._turns:
+            try:
+                await asyncio.wait_for(
+                    self._turns.wait_for(lambda: self._line[0] is ticket), timeout
+                )
+            except TimeoutError:
+                return False
+        return True
 
     async def new_record(
         self,
@@ -72,25 +133,24 @@ class SandboxIntake:
         the `reserved` id and slot of a warm VM); `layers` are stored ones its files start
         from (its first upload's parents)."""
         started = now()
-        async with self.lock:
-            record = SandboxRecord(
-                sandbox_id=reserved[0] if reserved else new_sandbox_id(),
-                template_id=template_id,
-                alias=alias,
-                state=State.CREATING,
-                started_at=started,
-                end_at=started + timedelta(seconds=timeout),
-                vcpus=shape.vcpus,
-                memory_mb=shape.memory_mb,
-                disk_mb=disk_mb or self.cfg.sandbox.disk_size_mb,
-                slot=0,
-                guest=guest,
-                access_token=secrets.token_hex(16) if options.secure else None,
-                layers=dict(layers or {}),
-                traffic_token=traffic_token_for(options.network),
-                **options.record_fields(),
-            )
-            await self.admit(demand_of(record))
+        record = SandboxRecord(
+            sandbox_id=reserved[0] if reserved else new_sandbox_id(),
+            template_id=template_id,
+            alias=alias,
+            state=State.CREATING,
+            started_at=started,
+            end_at=started + timedelta(seconds=timeout),
+            vcpus=shape.vcpus,
+            memory_mb=shape.memory_mb,
+            disk_mb=disk_mb or self.cfg.sandbox.disk_size_mb,
+            slot=0,
+            guest=guest,
+            access_token=secrets.token_hex(16) if options.secure else None,
+            layers=dict(layers or {}),
+            traffic_token=traffic_token_for(options.network),
+            **options.record_fields(),
+        )
+        async with self.admitted(demand_of(record)):
             record.slot = reserved[1] if reserved else await self._free_slot()
             await self.store.insert(record)
         crash_point("create.recorded")

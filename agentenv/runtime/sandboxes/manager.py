@@ -106,8 +106,7 @@ class SandboxManager:
                 next_state(record.state, event)  # a refused event is 409, before admission
                 await self.gate.stop_reader(sandbox_id)
                 if admit_memory:
-                    async with self.intake.lock:
-                        await self.intake.admit(demand_of(record), exclude=sandbox_id)
+                    async with self.intake.admitted(demand_of(record), exclude=sandbox_id):
                         await self._transition(record, event)
                 else:
                     await self._transition(record, event)
