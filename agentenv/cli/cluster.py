@@ -93,3 +93,15 @@ def cmd_node_rm(ctx: Context, args: argparse.Namespace) -> int:
     with ctx.api() as api:
         api.call_json("DELETE", f"/nodes/{quote(args.name, safe='')}")
     return 0
+
+
+def cmd_node_lost(ctx: Context, args: argparse.Namespace) -> int:
+    """The sandboxes lost nodes took with them, newest first."""
+    with ctx.api() as api:
+        lost = api.call_json("GET", "/lost-sandboxes")
+    if (args.output or ("table" if ctx.stdout.isatty() else "json")) == "json":
+        print_json(lost, ctx.stdout)
+        return 0
+    rows = [[s["sandboxID"], s["node"], s["state"], s["lostAt"], s["reason"]] for s in lost]
+    ctx.stdout.write(render_table(("SANDBOX", "NODE", "STATE", "LOST AT", "REASON"), rows))
+    return 0

@@ -210,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NODE")
     p = _add(group_sub, "rm", cluster.cmd_node_rm, "forget a node")
     p.add_argument("name", metavar="NODE")
+    p = _add(group_sub, "lost", cluster.cmd_node_lost, "sandboxes lost with their node")
+    p.add_argument("-o", "--output", choices=("table", "json"))
 
     group = sub.add_parser(
         "identity", help="workload identity keys", description="workload identity keys"

@@ -15,6 +15,7 @@ import contextlib
 import re
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import httpx
@@ -51,6 +52,7 @@ from ..proxy.websocket import bridge_websocket
 from ..state.credentials import SqlSigningKeyStore
 from ..state.idempotency import SqlKeyStore
 from ..state.lifecycle import State
+from ..state.lost import LostSandbox
 from ..state.nodes import NodeEvent, NodeInfo, NodeState
 from ..state.sandboxes import open_engine
 from .plane import ControlPlane
@@ -152,6 +154,11 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
         await plane.nodes.remove(name)
         return Response(status_code=204)
 
+    @protected.get("/lost-sandboxes")
+    async def list_lost_sandboxes(plane: Plane) -> list[dict[str, Any]]:
+        """Not E2B's: the sandboxes lost nodes took with them, newest first."""
+        return [_lost_view(lost) for lost in await plane.lost.list()]
+
     @protected.get("/v2/sandboxes")
     async def list_sandboxes_v2(
         plane: Plane, response: Response, query: Annotated[ListQuery, Depends(list_query)]
@@ -244,6 +251,18 @@ def _node_view(node: NodeInfo, now: float) -> dict[str, Any]:
         "state": node.state,
         "heartbeatAgeSeconds": round(node.silent_for(now), 1),
         "capacity": node.capacity.__dict__,
+    }
+
+
+def _lost_view(lost: LostSandbox) -> dict[str, Any]:
+    return {
+        "sandboxID": lost.sandbox_id,
+        "templateID": lost.template_id,
+        "node": lost.node,
+        "state": lost.state,
+        "reason": lost.reason,
+        "lostAt": datetime.fromtimestamp(lost.lost_at, UTC).isoformat(),
+        "metadata": lost.metadata,
     }
 
 

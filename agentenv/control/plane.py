@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import json
 import logging
 import secrets
@@ -27,6 +28,7 @@ from ..errors import AtCapacity, InvalidInput, NotFound, TemplateBeingBuilt, Una
 from ..images.snapshots import SnapshotRegistry
 from ..images.templates import TemplateRegistry
 from ..state.lifecycle import Event, allows
+from ..state.lost import LostSandboxes
 from ..state.nodes import NodeInfo, NodeRegistry
 from ..state.placements import PlacementLedger
 from ..state.sandboxes import SandboxRecord, SqlSandboxStore
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 
 # Seconds between checks for silent nodes.
 WATCH_INTERVAL = 1.0
+# Checks between prunes of old losses.
+PRUNE_EVERY = 3600
 # Times a create whose answer was lost is sent again (with its key) beyond one per node.
 RELAY_RETRIES = 2
 # Answers of a proxy between here and a node that lost the node's answer.
@@ -58,6 +62,7 @@ class ControlPlane:
         self.templates = TemplateRegistry(objects)
         self.snapshots = SnapshotRegistry(objects)
         self.placements = PlacementLedger(engine)
+        self.lost = LostSandboxes(engine)
         # One placement decision at a time per replica: a burst's creates each see the
         # ones placed before them (the ledger shows them to the other replicas).
         self._placing = asyncio.Lock()
@@ -140,7 +145,8 @@ class ControlPlane:
     async def _record(self, sandbox_id: str) -> SandboxRecord:
         record = await self.sandboxes.get_any(sandbox_id)
         if record is None:
-            raise NotFound(f"sandbox '{sandbox_id}' not found")
+            lost = await self.lost.get(sandbox_id)
+            raise NotFound(lost.message if lost else f"sandbox '{sandbox_id}' not found")
         return record
 
     # -- placement ----------------------------------------------------------------------
@@ -294,10 +300,12 @@ class ControlPlane:
 
     async def watch(self) -> None:
         """Declare silent nodes lost and settle their sandboxes, until cancelled."""
-        while True:
+        for beat in itertools.count():
             try:
                 await self.settle_lost_nodes()
                 await self.placements.forget_reflected()
+                if beat % PRUNE_EVERY == 0:
+                    await self.lost.prune()
             except Exception:
                 log.exception("checking for lost nodes failed")
             await asyncio.sleep(WATCH_INTERVAL)
@@ -313,7 +321,8 @@ class ControlPlane:
                 continue
             if record.stored and allows(record.state, Event.ADOPT):
                 continue  # it resumes on another node
-            # Its VM (or unsaved state) was on the lost node: the sandbox is gone.
+            # Its VM (or unsaved state) was on the lost node: the sandbox is gone, and
+            # its loss is recorded for its users and operators.
             if await self.sandboxes.forget(record):
                 log.warning("sandbox %s was lost with node %s", record.sandbox_id, record.node)
 

@@ -21,7 +21,8 @@ from alembic.config import Config as AlembicConfig
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .lifecycle import State
-from .schema import sandboxes
+from .lost import lost_row
+from .schema import lost_sandboxes, sandboxes
 
 # Pause modes, as E2B names them (`SandboxRecord.pause_mode`): memory and disk, or the disk.
 FULL = "full"
@@ -302,17 +303,21 @@ class SqlSandboxStore:
         return bool(taken)
 
     async def forget(self, record: SandboxRecord) -> bool:
-        """Delete another node's record, unless it changed meanwhile (the control plane
-        drops the sandboxes a lost node took with it)."""
-        return bool(
-            await self._update_rows(
-                sa.delete(sandboxes).where(
-                    sandboxes.c.sandbox_id == record.sandbox_id,
-                    sandboxes.c.node == record.node,
-                    sandboxes.c.state == record.state.value,
-                )
-            )
+        """Delete another node's record, unless it changed meanwhile, and record its loss
+        (the control plane drops the sandboxes a lost node took with it)."""
+        mine = sa.and_(
+            sandboxes.c.sandbox_id == record.sandbox_id,
+            sandboxes.c.node == record.node,
+            sandboxes.c.state == record.state.value,
         )
+        row = lost_row(
+            record.sandbox_id, record.node, record.template_id, record.state, record.metadata
+        )
+        async with self.engine.begin() as connection:
+            if not (await connection.execute(sa.delete(sandboxes).where(mine))).rowcount:
+                return False
+            await connection.execute(sa.insert(lost_sandboxes).values(**row))
+        return True
 
     async def _update_rows(self, statement: sa.Update | sa.Delete) -> int:
         async with self.engine.begin() as connection:

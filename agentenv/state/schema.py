@@ -49,6 +49,22 @@ sandboxes = sa.Table(
     sa.UniqueConstraint("node", "slot", name="sandboxes_node_slot"),
 )
 
+# Sandboxes a lost node took with it (`lost.py`): their row in `sandboxes` is gone, this
+# says what became of them, for their users (a 404 naming the loss) and operators.
+lost_sandboxes = sa.Table(
+    "lost_sandboxes",
+    metadata,
+    sa.Column("sandbox_id", sa.Text, primary_key=True),
+    sa.Column("node", sa.Text, nullable=False),
+    sa.Column("template_id", sa.Text, nullable=False),
+    # The state it was in, and why that could not outlive the node.
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("metadata", sa.Text, nullable=False),
+    # Seconds since the epoch, by the control plane's clock.
+    sa.Column("lost_at", sa.Float, nullable=False, index=True),
+)
+
 # Nodes register here and heartbeat; the control plane places on those that are `active`.
 nodes = sa.Table(
     "nodes",

@@ -1,4 +1,4 @@
-"""`aenv node ls|drain|activate|rm` against an httpx.MockTransport."""
+"""`aenv node ls|drain|activate|rm|lost` against an httpx.MockTransport."""
 
 from __future__ import annotations
 
@@ -14,9 +14,17 @@ NODES = [
 ]  # fmt: skip
 
 
+LOST = [
+    {"sandboxID": "i1", "templateID": "base", "node": "node-2", "state": "running",
+     "reason": "it was running", "lostAt": "2026-12-06T10:00:00+00:00", "metadata": {}},
+]  # fmt: skip
+
+
 def handler(request: httpx.Request) -> httpx.Response:
     if request.method == "GET" and request.url.path == "/nodes":
         return httpx.Response(200, json=NODES)
+    if request.method == "GET" and request.url.path == "/lost-sandboxes":
+        return httpx.Response(200, json=LOST)
     if request.url.path == "/nodes/nope/drain":
         return httpx.Response(404, json={"code": 404, "message": "node 'nope' not found"})
     return httpx.Response(204)
@@ -51,3 +59,12 @@ def test_node_changes_hit_their_routes(cli: Any) -> None:
         assert [(r.method, r.url.path) for r in run.requests] == [(method, path)]
     run = cli(["node", "drain", "nope"], handler)
     assert run.code != 0 and "not found" in run.stderr
+
+
+def test_node_lost_lists_what_lost_nodes_took(cli: Any) -> None:
+    run = cli(["node", "lost"], handler, tty=True)
+    assert run.code == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].split() == ["SANDBOX", "NODE", "STATE", "LOST", "AT", "REASON"]
+    assert lines[1].split()[:4] == ["i1", "node-2", "running", "2026-12-06T10:00:00+00:00"]
+    assert cli(["node", "lost", "-o", "json"], handler).stdout.strip().startswith("[")

@@ -75,6 +75,13 @@ async def test_moves_creates_and_lost_nodes(tmp_path: Path, state_url: str) -> N
         # What a lost node took with it is forgotten; its stored paused sandbox is not.
         await plane.settle_lost_nodes()
         assert {r.sandbox_id for r in await plane.sandboxes.list_all()} == {"kept"}
+        # Its users are told what became of it, and operators can list it.
+        with pytest.raises(NotFound, match=r"'gone' was lost with node 'lost' at .*running"):
+            await plane.visible_sandbox("gone")
+        (lost,) = await plane.lost.list()
+        assert (lost.sandbox_id, lost.node, lost.state) == ("gone", "lost", "running")
+        with pytest.raises(NotFound, match=r"^sandbox 'never' not found$"):
+            await plane.visible_sandbox("never")
     await engine.dispose()
 
 

@@ -425,7 +425,8 @@ def _until_stored(cluster: Cluster, sandbox_id: str) -> None:
 def test_a_lost_nodes_paused_sandbox_resumes_elsewhere(cluster: Cluster) -> None:
     """SIGKILL the node of a paused sandbox (stored) and a running one: after the timeout
     the paused one resumes on another node with its processes and disk; the running one
-    is gone (404), never a hanging request."""
+    is gone (a 404 saying it was lost with its node, and listed as lost), never a
+    hanging request."""
     paused = Sandbox.create()
     paused.commands.run("echo disk > ~/state && " + TICKER)
     node = cluster.node_of(paused.sandbox_id)
@@ -439,6 +440,12 @@ def test_a_lost_nodes_paused_sandbox_resumes_elsewhere(cluster: Cluster) -> None
         time.sleep(0.5)
     answer = cluster.api.get(f"/sandboxes/{running.sandbox_id}", timeout=10)
     assert answer.status_code == 404, answer.text
+    # Not a bare "not found": the loss, its node and why, for users and operators.
+    assert f"was lost with node '{node}'" in answer.json()["message"]
+    assert "it was running" in answer.json()["message"]
+    (lost,) = [s for s in cluster.api.get("/lost-sandboxes").json()
+               if s["sandboxID"] == running.sandbox_id]  # fmt: skip
+    assert (lost["node"], lost["state"]) == (node, "running")
     resumed = Sandbox.connect(paused.sandbox_id)
     try:
         assert cluster.node_of(paused.sandbox_id) != node
