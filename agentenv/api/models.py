@@ -190,6 +190,9 @@ class PauseBody(_Request):
     memory: bool = True
     # True: refuse (503) while the guest agent does not answer.
     requireHealthyGuest: bool = False
+    # Not E2B's. True: answer once the paused state is in the object store, so it
+    # outlives this node (`storage: "stored"`).
+    waitStored: bool = False
 
 
 class ConnectBody(_Request):

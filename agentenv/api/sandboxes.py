@@ -23,7 +23,7 @@ from ..runtime.sandboxes.creation import CreateRequest
 from ..state.lifecycle import PUBLIC_STATE
 from ..state.sandboxes import SandboxOptions, SandboxRecord
 from ..wire import ENVD_PORT
-from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep
+from .deps import ConfigDep, ManagerDep, NodeDep, PausesDep, SnapshotsDep
 from .errors import ERROR_RESPONSES
 from .listing import CLIENT_ID, ListQuery, list_query, listed_fields, listed_page, running_listed
 from .models import (
@@ -245,11 +245,14 @@ async def refresh(
 
 @router.post("/sandboxes/{sandbox_id}/pause", status_code=204)
 async def pause_sandbox(
-    pauses: PausesDep, sandbox_id: str, body: PauseBody | None = None
+    pauses: PausesDep, snapshots: SnapshotsDep, sandbox_id: str, body: PauseBody | None = None
 ) -> Response:
-    """`memory: false` keeps the disk alone; a resume then starts a fresh guest on it."""
+    """`memory: false` keeps the disk alone; a resume then starts a fresh guest on it.
+    `waitStored: true` answers once the paused state is in the object store."""
     body = body or PauseBody()
     await pauses.pause(sandbox_id, body.memory, body.requireHealthyGuest)
+    if body.waitStored:
+        await snapshots.uploads.until_stored(sandbox_id)
     return Response(status_code=204)
 
 

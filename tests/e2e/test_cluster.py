@@ -400,8 +400,7 @@ def test_a_drained_nodes_paused_sandbox_moves_on_resume(cluster: Cluster) -> Non
     sandbox = Sandbox.create()
     try:
         sandbox.commands.run("echo moved > ~/state && " + TICKER)
-        sandbox.pause()
-        _until_stored(cluster, sandbox.sandbox_id)
+        _pause_stored(cluster, sandbox.sandbox_id)
         node = cluster.node_of(sandbox.sandbox_id)
         assert cluster.api.post(f"/nodes/{node}/drain").status_code == 204
         try:
@@ -415,11 +414,11 @@ def test_a_drained_nodes_paused_sandbox_moves_on_resume(cluster: Cluster) -> Non
         sandbox.kill()
 
 
-def _until_stored(cluster: Cluster, sandbox_id: str) -> None:
-    deadline = time.monotonic() + 120
-    while cluster.api.get(f"/sandboxes/{sandbox_id}").json().get("storage") != "stored":
-        assert time.monotonic() < deadline, "the paused sandbox was not stored in time"
-        time.sleep(0.5)
+def _pause_stored(cluster: Cluster, sandbox_id: str) -> None:
+    """Pause, answered once the state is in the object store (`waitStored`)."""
+    paused = cluster.api.post(f"/sandboxes/{sandbox_id}/pause", json={"waitStored": True})
+    assert paused.status_code == 204, paused.text
+    assert cluster.api.get(f"/sandboxes/{sandbox_id}").json()["storage"] == "stored"
 
 
 def test_a_lost_nodes_paused_sandbox_resumes_elsewhere(cluster: Cluster) -> None:
@@ -431,8 +430,7 @@ def test_a_lost_nodes_paused_sandbox_resumes_elsewhere(cluster: Cluster) -> None
     paused.commands.run("echo disk > ~/state && " + TICKER)
     node = cluster.node_of(paused.sandbox_id)
     running = _create_on(cluster, node)
-    paused.pause()
-    _until_stored(cluster, paused.sandbox_id)
+    _pause_stored(cluster, paused.sandbox_id)
     os.kill(cluster.pid(node), signal.SIGKILL)
     deadline = time.monotonic() + NODE_TIMEOUT + 15
     while cluster.nodes()[node]["state"] != "lost":

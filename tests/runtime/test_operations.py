@@ -20,7 +20,7 @@ from agentenv.runtime.sandboxes.manager import GuestLost
 from agentenv.runtime.sandboxes.routes import RouteTable
 from agentenv.runtime.snapshots import persist
 from agentenv.runtime.snapshots.named import SandboxSnapshots
-from agentenv.runtime.snapshots.persist import Uploads
+from agentenv.runtime.snapshots.persist import SCAN_INTERVAL, Uploads
 from agentenv.state.lifecycle import State
 from agentenv.state.sandboxes import SandboxRecord
 from agentenv.storage.objectstore import ObjectStoreError
@@ -396,3 +396,37 @@ async def test_a_grown_template_disk_is_what_its_sandboxes_are_admitted_for(h: H
     record = await h.manager.store.get(await h.create())
     assert record is not None
     assert record.disk_mb == grown_mb
+
+
+async def test_a_pause_starts_its_upload_at_once_and_can_be_waited_for(h: Harness) -> None:
+    uploads = Uploads(h.manager, h.pauses.objects)
+    scanner = asyncio.create_task(uploads.run())
+    try:
+        sid = await h.create()
+        await asyncio.sleep(0.05)  # the first scan found nothing, and waits a second
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await h.pauses.pause(sid)
+        await asyncio.wait_for(uploads.until_stored(sid), 5)
+        # Woken by the pause, not by the next scan a second later.
+        assert loop.time() - started < SCAN_INTERVAL
+        record = await h.manager.store.get(sid)
+        assert record is not None and record.stored
+        await h.pauses.resume(sid, 60)
+        with pytest.raises(Conflict, match="no longer paused"):
+            await uploads.until_stored(sid)
+    finally:
+        scanner.cancel()
+        await uploads.close()
+
+
+async def test_waiting_for_a_failing_upload_ends_naming_its_error(h: Harness) -> None:
+    sid = await h.create()
+    await h.pauses.pause(sid)
+    store = h.pauses.objects
+    uploads = Uploads(h.manager, store)
+    store.put = lambda *a: (_ for _ in ()).throw(ObjectStoreError("store unreachable"))  # type: ignore[method-assign]
+    await uploads.scan()
+    with pytest.raises(Unavailable, match=r"not stored in 0.5 s: .*store unreachable"):
+        await uploads.until_stored(sid, timeout=0.5)
+    await uploads.close()

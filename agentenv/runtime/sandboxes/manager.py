@@ -74,6 +74,8 @@ class SandboxManager:
         self.routes = RouteTable()
         self.gate = OperationGate()
         self.metrics_history = MetricsHistory()
+        # Set whenever a sandbox comes to rest (paused): its upload starts at once.
+        self.came_to_rest = asyncio.Event()
 
     # -- the lifecycle ---------------------------------------------------------------
 
@@ -90,6 +92,8 @@ class SandboxManager:
         else:
             self.routes.drop(record.sandbox_id)
             await self.networks.stop_tunnel(record)
+        if record.state.at_rest:
+            self.came_to_rest.set()
 
     async def operate(
         self,

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from ...crashpoints import crash_point
+from ...errors import Conflict, Unavailable
 from ...images.catalog import Template
 from ...images.snapshots import SnapshotRecord
 from ...state.sandboxes import FILESYSTEM, SandboxRecord
@@ -40,8 +41,12 @@ SnapshotSaver = Callable[[SnapshotRecord], Awaitable[None]]
 PAGE_SIZE = 4096
 # Stored names of device-state files, which live apart from the disk and RAM.
 _STATE_PREFIX = "state/"
-# Seconds between scans for paused sandboxes to upload; failures back off to a minute.
+# Seconds between scans for paused sandboxes to upload (a sandbox coming to rest starts
+# one at once); failures back off to a minute.
 SCAN_INTERVAL = 1.0
+# Seconds a pause asked to return once stored (`waitStored`) waits for its upload.
+STORE_WAIT = 600.0
+STORED_POLL = 0.05
 _MAX_BACKOFF = 60.0
 
 
@@ -80,7 +85,9 @@ def upload_saved(
     if not memory:
         return upload_files(store, files, parents)
     with guestram.whole_file(workdir, state_dir) as ram:
-        return upload_files(store, {**files, MEMORY: ram}, parents)
+        # The RAM first: it is most of what changed, and the disk often changed little.
+        rest = {name: path for name, path in files.items() if name != MEMORY}
+        return upload_files(store, {MEMORY: ram, **rest}, parents)
 
 
 def fetch_files(
@@ -129,13 +136,33 @@ class Uploads:
         self._tasks: set[asyncio.Future[None]] = set()
 
     async def run(self) -> None:
-        """Scan until cancelled; a failed pass is logged, not fatal."""
+        """Scan until cancelled, at once when a sandbox comes to rest; a failed pass is
+        logged, not fatal."""
+        rested = self.manager.came_to_rest
         while True:
+            rested.clear()
             try:
                 await self.scan()
             except Exception:
                 log.exception("upload scan failed")
-            await asyncio.sleep(SCAN_INTERVAL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(rested.wait(), SCAN_INTERVAL)
+
+    async def until_stored(self, sandbox_id: str, timeout: float = STORE_WAIT) -> None:
+        """Until the paused sandbox's state is in the object store; Unavailable naming
+        the upload's last error if it is not within `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            record = await self.manager.store.get(sandbox_id)
+            if record is None or not record.state.at_rest:
+                raise Conflict(f"sandbox '{sandbox_id}' is no longer paused")
+            if record.stored:
+                return
+            if loop.time() > deadline:
+                why = self.errors.get(sandbox_id, "its upload is still under way")
+                raise Unavailable(f"sandbox '{sandbox_id}' was not stored in {timeout:g} s: {why}")
+            await asyncio.sleep(STORED_POLL)
 
     def start(self, body: Awaitable[None]) -> None:
         """Run a snapshot's upload in the background, ended by `close` (as are the
