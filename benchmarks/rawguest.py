@@ -40,17 +40,18 @@ print(time.monotonic())
 class RawGuest:
     """`async with RawGuest(workdir) as guest`: restore, pause and restore again, timed."""
 
-    def __init__(self, workdir: Path, memory_mb: int = 256) -> None:
+    def __init__(self, workdir: Path, memory_mb: int = 256, name: str = "") -> None:
+        """`name` tells apart guests of one process (their namespaces and VMs)."""
         self.cfg = load_config()
         kit = load_kit(self.cfg)
         assert kit is not None, "build the kit first"
-        self.netns = f"aenvbench-{os.getpid()}"
+        self.netns = f"aenvbench-{os.getpid()}{name}"
         self.disk = workdir / "disk.qcow2"
         self.snapshot_dir = workdir / "snapshot"
-        name = f"aenv-bench-{os.getpid()}"
+        vm_name = f"aenv-bench-{os.getpid()}{name}"
         args = guest_kernel_args(self.cfg)
         shape = Shape(1, memory_mb)
-        self.spec = sandbox_vm(kit, name, shape, self.disk, workdir, args, self.netns)
+        self.spec = sandbox_vm(kit, vm_name, shape, self.disk, workdir, args, self.netns)
         self.driver = QemuDriver(self.cfg.vmm.qemu_binary, "tcg")
         self.handle: VmHandle | None = None
 
@@ -91,6 +92,12 @@ class RawGuest:
                 probe.kill()
                 await probe.wait()
         return float(out) - start
+
+    async def stop(self) -> None:
+        """Stop the VM (a restore's guest), ready to restore again."""
+        if self.handle is not None:
+            await self.driver.stop(self.handle)
+            self.handle = None
 
     async def pause(self) -> float:
         """Seconds to save the device state and stop the VMM (what a pause does)."""

@@ -1,0 +1,147 @@
+"""RL rollouts under load, through the unmodified E2B SDK (async): ladders of concurrent
+workers, each running episodes of create from a snapshot → 3 commands → write a file →
+rollback to the snapshot (our route; the SDK has none) → kill.
+
+Per rung: per-step p50/p99, episodes/s, errors by kind, and the ratio of episodes/s to
+the CPU-bound floor measured in the same run: the raw QEMU driver restoring as many
+guests at once as the rung has workers, on the same cores (`rawguest.RawGuest`).
+Goals (issue 26): no errors (overload is a wait or a 429 the SDK retries), p99 ≤ 3 times
+p50, episodes/s ≥ 0.7 of the floor.
+
+Run: `python -m benchmarks.bench_rollouts [--workers 1 4 8 16 32] [--episodes 3]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from e2b import AsyncSandbox
+
+from tests.live import TEST_KEY, LiveServer
+
+from .bench_pause import p50, p99
+from .harness import live_server, wait_snapshot
+from .rawguest import RawGuest
+
+STEPS = ("create", "commands", "write", "rollback", "kill")
+
+
+async def episode(server: LiveServer, snapshot: str, timings: dict[str, list[float]]) -> None:
+    """One episode; each step's seconds go to `timings`."""
+
+    async def step(name: str, work):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        result = await work
+        timings[name].append(time.perf_counter() - start)
+        return result
+
+    sandbox = await step("create", AsyncSandbox.create(snapshot))
+    try:
+
+        async def commands() -> None:
+            for command in ("echo step", "ls /home/user", "cat /etc/hostname"):
+                await sandbox.commands.run(command)
+
+        await step("commands", commands())
+        await step("write", sandbox.files.write("/home/user/answer.txt", "42"))
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as api:
+            rolled = await step(
+                "rollback",
+                api.post(
+                    f"/sandboxes/{sandbox.sandbox_id}/rollback",
+                    json={"snapshotID": snapshot},
+                    headers={"X-API-Key": server.api_key},
+                ),
+            )
+        rolled.raise_for_status()
+    finally:
+        await step("kill", sandbox.kill())
+
+
+async def rung(server: LiveServer, snapshot: str, workers: int, episodes: int) -> dict:
+    timings: dict[str, list[float]] = {name: [] for name in STEPS}
+    errors: collections.Counter[str] = collections.Counter()
+
+    async def worker() -> None:
+        for _ in range(episodes):
+            try:
+                await episode(server, snapshot, timings)
+            except Exception as exc:
+                errors[type(exc).__name__] += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    wall = time.perf_counter() - start
+    done = workers * episodes - sum(errors.values())
+    return {
+        "workers": workers,
+        "episodes": workers * episodes,
+        "episodes_per_s": round(done / wall, 3),
+        "errors": dict(errors),
+        **{f"{n}_p50_s": p50(t) for n, t in timings.items() if t},
+        **{f"{n}_p99_s": p99(t) for n, t in timings.items() if t},
+    }
+
+
+async def floor(snapshot: Path, workers: int, rounds: int) -> float:
+    """Restores per second of the raw driver, `workers` at once, `rounds` times."""
+    with tempfile.TemporaryDirectory(prefix="aenv-floor-") as tmp:
+        guests = []
+        for i in range(workers):
+            (Path(tmp) / str(i)).mkdir()
+            guests.append(await RawGuest(Path(tmp) / str(i), name=f"f{i}").__aenter__())
+        try:
+            start = time.perf_counter()
+            for _ in range(rounds):
+                await asyncio.gather(*(g.restore(snapshot) for g in guests))
+                await asyncio.gather(*(g.stop() for g in guests))
+            return workers * rounds / (time.perf_counter() - start)
+        finally:
+            for guest in guests:
+                await guest.__aexit__(None, None, None)
+
+
+async def prepare(server: LiveServer) -> str:
+    """A snapshot of a sandbox with a little state: what every episode starts from."""
+    sandbox = await AsyncSandbox.create()
+    await sandbox.files.write("/home/user/task.txt", "solve it")
+    snapshot = await sandbox.create_snapshot()
+    await sandbox.kill()
+    return snapshot.snapshot_id
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    with live_server() as server:
+        os.environ.update(
+            {"E2B_API_URL": server.url, "E2B_SANDBOX_URL": server.url, "E2B_API_KEY": TEST_KEY}
+        )
+        snapshot = await prepare(server)
+        boot = wait_snapshot(server)  # 256 MiB guests, as RawGuest's
+        for workers in args.workers:
+            result = await rung(server, snapshot, workers, args.episodes)
+            raw = await floor(boot, workers, args.episodes)
+            result |= {
+                "bench": "rollouts",
+                "floor_restores_per_s": round(raw, 3),
+                "episodes_over_floor": round(result["episodes_per_s"] / raw, 2),
+            }
+            print(json.dumps(result), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    parser.add_argument("--episodes", type=int, default=3)
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
