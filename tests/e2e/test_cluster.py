@@ -5,6 +5,7 @@ unmodified E2B SDK; placement, a second control replica, node loss, and `down`."
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import shlex
@@ -281,10 +282,14 @@ def test_control_and_nodes_export_metrics(cluster: Cluster) -> None:
         sandbox.kill()
 
 
-def test_placement_spreads_and_follows_a_snapshot(cluster: Cluster) -> None:
-    sandboxes = [Sandbox.create() for _ in range(3)]
+def test_placement_spreads_a_burst_and_follows_a_snapshot(cluster: Cluster) -> None:
+    """Six creates at once, before any heartbeat shows one: the placement ledger spreads
+    them over both nodes. Then creates from a snapshot go where its files are."""
+    with ThreadPoolExecutor(6) as pool:
+        sandboxes = list(pool.map(lambda _: Sandbox.create(), range(6)))
     try:
-        assert len({cluster.node_of(s.sandbox_id) for s in sandboxes}) >= 2
+        per_node = collections.Counter(cluster.node_of(s.sandbox_id) for s in sandboxes)
+        assert len(per_node) == 2 and max(per_node.values()) <= 4, per_node
         source = sandboxes[0]
         source.commands.run("echo from-snapshot > /tmp/mark")
         snapshot = source.create_snapshot()
