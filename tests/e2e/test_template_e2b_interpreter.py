@@ -1,6 +1,7 @@
 """E2B's code-interpreter template definition (`template/template.py` in
 e2b-dev/code-interpreter), step for step through the SDK's `Template` builder, with its
-kernels for Python and its two systemd units started by `sudo systemctl start jupyter`.
+kernels for Python and its two systemd units started by `sudo systemctl start jupyter`;
+and Dockerfiles of the official python and node images' style.
 
 Adapted only where it reaches the internet or ships E2B's own code:
 - python:3.13 is the local Debian 12 stand-in (`plaindebian.py`);
@@ -14,11 +15,14 @@ Adapted only where it reaches the internet or ships E2B's own code:
 
 from __future__ import annotations
 
+import json
 import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from e2b import Template, wait_for_url
+from e2b import Template, wait_for_port, wait_for_url
 from e2b.template.main import TemplateFinal
 from e2b_code_interpreter import Sandbox
 
@@ -154,15 +158,31 @@ def e2b_template(image: str, mirror: Mirror, context: Path) -> TemplateFinal:
     )
 
 
+@dataclass(frozen=True)
+class Lab:
+    """The Debian stand-in image, the package mirror and a directory, for the module."""
+
+    image: str
+    mirror: Mirror
+    workdir: Path
+
+
 @pytest.fixture(scope="module")
-def mirror(server: LiveServer, kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Mirror:
-    """The mirror E2B's template was built from, built once for the module; by then it
-    has stopped (the template's sandboxes need it no more)."""
+def lab(
+    server: LiveServer, kit_ready: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Lab]:
     workdir = tmp_path_factory.mktemp("e2b-template")
-    context = context_files(workdir / "context")
     with plain_debian_image(workdir) as image, package_mirror(load_config(), workdir / "m") as m:
-        Template.build(e2b_template(image, m, context), alias=NAME, cpu_count=2, memory_mb=1024)
-    return m
+        yield Lab(image, m, workdir)
+
+
+@pytest.fixture(scope="module")
+def mirror(lab: Lab) -> Mirror:
+    """The mirror E2B's template was built from, once for the module."""
+    context = context_files(lab.workdir / "context")
+    recipe = e2b_template(lab.image, lab.mirror, context)
+    Template.build(recipe, alias=NAME, cpu_count=2, memory_mb=1024)
+    return lab.mirror
 
 
 def test_the_sdk_runs_code_in_e2bs_template(mirror: Mirror) -> None:
@@ -206,5 +226,110 @@ def test_a_killed_service_is_restarted_and_stops_with_jupyter(mirror: Mirror) ->
         # PartOf=jupyter.service: the code interpreter stopped with it.
         stopped = sandbox.commands.run("systemctl is-active code-interpreter || true")
         assert stopped.stdout == "inactive\n"
+    finally:
+        sandbox.kill()
+
+
+# Dockerfiles written as the official images' READMEs and Docker's guides show them,
+# adapted only to reach the mirror instead of the internet (the first RUN, pip's ENV).
+PYTHON_APP = """\
+FROM {image}
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 {pip_env}
+RUN {apt_setup}
+RUN apt-get update && apt-get install -y --no-install-recommends jq \\
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY requirements.txt .
+RUN pip install --no-cache-dir -r requirements.txt
+COPY app.py .
+RUN useradd --create-home appuser
+USER appuser
+EXPOSE 8000
+CMD ["python", "app.py"]
+"""
+
+APP = """\
+import http.server, json, requests
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"requests": requests.__version__}).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("0.0.0.0", 8000), Hello).serve_forever()
+"""
+
+NODE_APP = """\
+FROM {image}
+RUN {apt_setup}
+RUN groupadd --gid 1000 node \\
+    && useradd --uid 1000 --gid node --shell /bin/bash --create-home node
+RUN apt-get update && apt-get install -y --no-install-recommends nodejs \\
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /home/node/app
+COPY --chown=node:node package.json server.js ./
+USER node
+ENV NODE_ENV=production
+EXPOSE 3000
+CMD ["node", "server.js"]
+"""
+
+SERVER_JS = """\
+const http = require("http");
+const user = require("os").userInfo().username;
+http.createServer((req, res) => res.end(`node ${process.version} as ${user}`)).listen(3000);
+"""
+
+
+def _dockerfile(lab: Lab, text: str, files: dict[str, str], name: str) -> Path:
+    context = lab.workdir / name
+    context.mkdir()
+    for file, content in files.items():
+        (context / file).write_text(content)
+    pip_env = " ".join(f"{k}={v}" for k, v in lab.mirror.pip_env.items())
+    (context / "Dockerfile").write_text(
+        text.format(image=lab.image, apt_setup=lab.mirror.apt_setup, pip_env=pip_env)
+    )
+    return context
+
+
+def test_a_python_apps_dockerfile(lab: Lab) -> None:
+    context = _dockerfile(
+        lab, PYTHON_APP, {"requirements.txt": "requests\n", "app.py": APP}, "python-app"
+    )
+    recipe = (
+        Template(file_context_path=str(context))
+        .from_dockerfile(str(context / "Dockerfile"))
+        .set_start_cmd("python app.py", wait_for_port(8000))
+    )
+    Template.build(recipe, alias="python-app", cpu_count=1, memory_mb=512)
+    sandbox = Sandbox.create("python-app")
+    try:
+        out = sandbox.commands.run("whoami; pwd; curl -s localhost:8000; jq -n 1").stdout
+        lines = out.splitlines()
+        assert lines[:2] == ["appuser", "/app"], out
+        assert json.loads(lines[2])["requests"], out
+        assert lines[3] == "1"
+    finally:
+        sandbox.kill()
+
+
+def test_a_node_apps_dockerfile_whose_user_has_uid_1000(lab: Lab) -> None:
+    """As the official node image: `node` is uid 1000, the uid our `user` would take."""
+    files = {"package.json": '{"name": "app", "version": "1.0.0"}\n', "server.js": SERVER_JS}
+    context = _dockerfile(lab, NODE_APP, files, "node-app")
+    recipe = (
+        Template(file_context_path=str(context))
+        .from_dockerfile(str(context / "Dockerfile"))
+        .set_start_cmd("node server.js", wait_for_port(3000))
+    )
+    Template.build(recipe, alias="node-app", cpu_count=1, memory_mb=512)
+    sandbox = Sandbox.create("node-app")
+    try:
+        out = sandbox.commands.run("whoami; pwd; curl -s localhost:3000").stdout.splitlines()
+        assert out[:2] == ["node", "/home/node/app"], out
+        assert out[2].startswith("node v") and out[2].endswith(" as node"), out
+        owner = sandbox.commands.run("stat -c %U server.js").stdout
+        assert owner == "node\n"
     finally:
         sandbox.kill()
