@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -281,55 +282,47 @@ http.createServer((req, res) => res.end(`node ${process.version} as ${user}`)).l
 """
 
 
-def _dockerfile(lab: Lab, text: str, files: dict[str, str], name: str) -> Path:
+@contextmanager
+def built_from_dockerfile(
+    lab: Lab, name: str, text: str, files: dict[str, str], start: str, port: int
+) -> Iterator[Sandbox]:
+    """`text` (formatted for the lab) built as template `name` with `files` beside it, its
+    CMD `start` ready once `port` listens; a sandbox of it for the block."""
     context = lab.workdir / name
     context.mkdir()
     for file, content in files.items():
         (context / file).write_text(content)
     pip_env = " ".join(f"{k}={v}" for k, v in lab.mirror.pip_env.items())
-    (context / "Dockerfile").write_text(
-        text.format(image=lab.image, apt_setup=lab.mirror.apt_setup, pip_env=pip_env)
-    )
-    return context
-
-
-def test_a_python_apps_dockerfile(lab: Lab) -> None:
-    context = _dockerfile(
-        lab, PYTHON_APP, {"requirements.txt": "requests\n", "app.py": APP}, "python-app"
-    )
+    dockerfile = text.format(image=lab.image, apt_setup=lab.mirror.apt_setup, pip_env=pip_env)
+    (context / "Dockerfile").write_text(dockerfile)
     recipe = (
         Template(file_context_path=str(context))
         .from_dockerfile(str(context / "Dockerfile"))
-        .set_start_cmd("python app.py", wait_for_port(8000))
+        .set_start_cmd(start, wait_for_port(port))
     )
-    Template.build(recipe, alias="python-app", cpu_count=1, memory_mb=512)
-    sandbox = Sandbox.create("python-app")
+    Template.build(recipe, alias=name, cpu_count=1, memory_mb=512)
+    sandbox = Sandbox.create(name)
     try:
-        out = sandbox.commands.run("whoami; pwd; curl -s localhost:8000; jq -n 1").stdout
+        yield sandbox
+    finally:
+        sandbox.kill()
+
+
+def test_a_python_apps_dockerfile(lab: Lab) -> None:
+    files = {"requirements.txt": "requests\n", "app.py": APP}
+    with built_from_dockerfile(lab, "python-app", PYTHON_APP, files, "python app.py", 8000) as box:
+        out = box.commands.run("whoami; pwd; curl -s localhost:8000; jq -n 1").stdout
         lines = out.splitlines()
         assert lines[:2] == ["appuser", "/app"], out
         assert json.loads(lines[2])["requests"], out
         assert lines[3] == "1"
-    finally:
-        sandbox.kill()
 
 
 def test_a_node_apps_dockerfile_whose_user_has_uid_1000(lab: Lab) -> None:
     """As the official node image: `node` is uid 1000, the uid our `user` would take."""
     files = {"package.json": '{"name": "app", "version": "1.0.0"}\n', "server.js": SERVER_JS}
-    context = _dockerfile(lab, NODE_APP, files, "node-app")
-    recipe = (
-        Template(file_context_path=str(context))
-        .from_dockerfile(str(context / "Dockerfile"))
-        .set_start_cmd("node server.js", wait_for_port(3000))
-    )
-    Template.build(recipe, alias="node-app", cpu_count=1, memory_mb=512)
-    sandbox = Sandbox.create("node-app")
-    try:
-        out = sandbox.commands.run("whoami; pwd; curl -s localhost:3000").stdout.splitlines()
+    with built_from_dockerfile(lab, "node-app", NODE_APP, files, "node server.js", 3000) as box:
+        out = box.commands.run("whoami; pwd; curl -s localhost:3000").stdout.splitlines()
         assert out[:2] == ["node", "/home/node/app"], out
         assert out[2].startswith("node v") and out[2].endswith(" as node"), out
-        owner = sandbox.commands.run("stat -c %U server.js").stdout
-        assert owner == "node\n"
-    finally:
-        sandbox.kill()
+        assert box.commands.run("stat -c %U server.js").stdout == "node\n"
