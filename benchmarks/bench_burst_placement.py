@@ -28,29 +28,28 @@ import httpx
 
 from agentenv.api.idempotency import IDEMPOTENCY_KEY
 from agentenv.config import Config
+from agentenv.control.placement import Wanted, candidates
+from agentenv.control.placer import Placer
 from agentenv.control.plane import ControlPlane
-from agentenv.state.nodes import NodeCapacity
-from agentenv.state.placements import Placed
+from agentenv.state.nodes import NodeCapacity, NodeInfo
 from agentenv.state.sandboxes import open_engine
 
 NODE_MEMORY_MB = 64 * 1024
 CORES = 16
 
 
-class NoLedger:
+class HeartbeatsOnly(Placer):
     """Placement as it was before the ledger: what nodes last reported, nothing since."""
 
-    async def reserve(self, node: str, memory_mb: int, vcpus: int) -> str:
+    async def place(self, wanted: Wanted, exclude: str = "") -> tuple[list[NodeInfo], str]:
+        nodes = candidates(await self.nodes.list(), wanted, time.time(), self.node_timeout)
+        return nodes, ""
+
+    async def reserve(self, node: NodeInfo, wanted: Wanted) -> str:
         return ""
 
-    async def settle(self, placement_id: str) -> None:
+    async def close(self, placement: str, taken: bool) -> None:
         pass
-
-    async def release(self, placement_id: str) -> None:
-        pass
-
-    async def outstanding(self) -> dict[str, Placed]:
-        return {}
 
 
 async def burst(args: argparse.Namespace, ledger: bool, home: Path) -> dict[str, object]:
@@ -75,7 +74,7 @@ async def burst(args: argparse.Namespace, ledger: bool, home: Path) -> dict[str,
     async with httpx.AsyncClient(transport=httpx.MockTransport(node_answers)) as client:
         plane = ControlPlane(cfg, engine, client)
         if not ledger:
-            plane.placements = NoLedger()  # type: ignore[assignment]
+            plane.placer = HeartbeatsOnly(plane.nodes, plane.placements, 15.0)
 
         def capacity(name: str) -> NodeCapacity:
             used = taken[name] * cfg.sandbox.memory_mb

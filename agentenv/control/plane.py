@@ -34,7 +34,8 @@ from ..state.placements import PlacementLedger
 from ..state.sandboxes import SandboxRecord, SqlSandboxStore
 from ..storage.objectstore import ObjectStoreError
 from ..storage.stores import open_object_store
-from .placement import Reserved, Wanted, candidates
+from .placement import Wanted
+from .placer import Placer
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,8 @@ class ControlPlane:
         self.templates = TemplateRegistry(objects)
         self.snapshots = SnapshotRegistry(objects)
         self.placements = PlacementLedger(engine)
+        self.placer = Placer(self.nodes, self.placements, cfg.cluster.node_timeout)
         self.lost = LostSandboxes(engine)
-        # One placement decision at a time per replica: a burst's creates each see the
-        # ones placed before them (the ledger shows them to the other replicas).
-        self._placing = asyncio.Lock()
         self.client = client
 
     # -- where requests go -------------------------------------------------------------
@@ -149,39 +148,6 @@ class ControlPlane:
             raise NotFound(lost.message if lost else f"sandbox '{sandbox_id}' not found")
         return record
 
-    # -- placement ----------------------------------------------------------------------
-
-    async def _place(self, wanted: Wanted, exclude: str = "") -> tuple[list[NodeInfo], str]:
-        """The candidates for `wanted`, best first (never `exclude`), and a placement
-        reserved on the first; AtCapacity (429) when none has room."""
-        async with self._placing:
-            reserved = {
-                name: Reserved(placed.memory_mb, placed.vcpus)
-                for name, placed in (await self.placements.outstanding()).items()
-            }
-            nodes = candidates(
-                await self.nodes.list(),
-                wanted,
-                time.time(),
-                self.cfg.cluster.node_timeout,
-                reserved,
-            )
-            nodes = [n for n in nodes if n.name != exclude]
-            if not nodes:
-                raise AtCapacity("no node has room for the sandbox")
-            return nodes, await self._reserve(nodes[0], wanted)
-
-    async def _reserve(self, node: NodeInfo, wanted: Wanted) -> str:
-        return await self.placements.reserve(node.name, wanted.memory_mb, wanted.vcpus)
-
-    async def _close(self, placement: str, taken: bool) -> None:
-        """A placement's node answered: it took the sandbox (the placement counts until
-        its heartbeat shows it), or not (it never counted)."""
-        if taken:
-            await self.placements.settle(placement)
-        else:
-            await self.placements.release(placement)
-
     async def _move(self, record: SandboxRecord, headers: Mapping[str, str]) -> NodeInfo:
         wanted = Wanted(
             memory_mb=record.memory_mb,
@@ -190,23 +156,23 @@ class ControlPlane:
             origin=record.node,
         )
         try:
-            nodes, placement = await self._place(wanted, exclude=record.node)
+            nodes, placement = await self.placer.place(wanted, exclude=record.node)
         except AtCapacity:
             raise AtCapacity(
                 f"sandbox '{record.sandbox_id}': no other node has room for it"
             ) from None
         for index, node in enumerate(nodes):
             if index:
-                placement = await self._reserve(node, wanted)
+                placement = await self.placer.reserve(node, wanted)
             try:
                 answer = await self._call(
                     node, "POST", f"/sandboxes/{record.sandbox_id}/adopt", headers
                 )
             except httpx.HTTPError as exc:
                 log.warning("node %s could not adopt %s: %s", node.name, record.sandbox_id, exc)
-                await self._close(placement, taken=False)
+                await self.placer.close(placement, taken=False)
                 continue
-            await self._close(placement, taken=answer.status_code == 204)
+            await self.placer.close(placement, taken=answer.status_code == 204)
             if answer.status_code == 204:
                 log.info(
                     "sandbox %s moved from %s to %s", record.sandbox_id, record.node, node.name
@@ -228,7 +194,7 @@ class ControlPlane:
         own; nodes share their keys), so a create that reached a node never runs twice.
         Its answer, whatever it is otherwise."""
         wanted = await self._wanted_for_create(body)
-        nodes, placement = await self._place(wanted)
+        nodes, placement = await self.placer.place(wanted)
         headers = dict(headers)
         if IDEMPOTENCY_KEY.lower() not in {name.lower() for name in headers}:
             headers[IDEMPOTENCY_KEY] = str(uuid.uuid4())
@@ -239,7 +205,7 @@ class ControlPlane:
                 break
             node = queue.popleft()
             if attempt_number:
-                placement = await self._reserve(node, wanted)
+                placement = await self.placer.reserve(node, wanted)
             try:
                 attempt = await self._call(node, "POST", path, headers, body)
             except httpx.HTTPError as exc:
@@ -249,10 +215,10 @@ class ControlPlane:
                 lost = attempt.status_code in _LOST_ON_THE_WAY
                 refused = attempt.status_code in _NO_ROOM
                 if (not refused and not lost) or _being_built(attempt):
-                    await self._close(placement, taken=attempt.is_success)
+                    await self.placer.close(placement, taken=attempt.is_success)
                     return attempt
                 answer = attempt
-            await self._close(placement, taken=False)
+            await self.placer.close(placement, taken=False)
             if lost:
                 queue.append(node)  # it may have the create: asked again, it answers that
         if answer is None:

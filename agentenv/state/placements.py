@@ -26,9 +26,11 @@ ABANDONED_AFTER = 120.0
 
 
 @dataclass(frozen=True)
-class Placed:
-    """What is placed on one node and not yet in its heartbeat."""
+class Placement:
+    """One placement its node's heartbeats do not show yet."""
 
+    placement_id: str
+    node: str
     memory_mb: int
     vcpus: int
 
@@ -39,9 +41,11 @@ class PlacementLedger:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    async def reserve(self, node: str, memory_mb: int, vcpus: int) -> str:
-        """Count a placement on `node` from now; its id."""
-        placement_id = uuid.uuid4().hex
+    async def reserve(
+        self, node: str, memory_mb: int, vcpus: int, placement_id: str | None = None
+    ) -> str:
+        """Count a placement on `node` from now; its id (`placement_id`, else a new one)."""
+        placement_id = placement_id or uuid.uuid4().hex
         async with self.engine.begin() as connection:
             await connection.execute(
                 sa.insert(placements).values(
@@ -70,21 +74,20 @@ class PlacementLedger:
                 sa.delete(placements).where(placements.c.placement_id == placement_id)
             )
 
-    async def outstanding(self) -> dict[str, Placed]:
-        """Per node, the placements its last heartbeat does not reflect."""
+    async def outstanding(self) -> list[Placement]:
+        """The placements their node's last heartbeat does not reflect."""
         query = (
             sa.select(
+                placements.c.placement_id,
                 placements.c.node,
-                sa.func.sum(placements.c.memory_mb),
-                sa.func.sum(placements.c.vcpus),
+                placements.c.memory_mb,
+                placements.c.vcpus,
             )
             .join(nodes, nodes.c.name == placements.c.node)
             .where(_counting(time.time()))
-            .group_by(placements.c.node)
         )
         async with self.engine.connect() as connection:
-            rows = await connection.execute(query)
-            return {node: Placed(int(memory), int(vcpus)) for node, memory, vcpus in rows}
+            return [Placement(*row) for row in await connection.execute(query)]
 
     async def forget_reflected(self) -> int:
         """Delete the placements that count no more; how many."""

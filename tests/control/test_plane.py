@@ -224,13 +224,12 @@ async def test_a_burst_of_creates_spreads_before_any_heartbeat(
         await asyncio.gather(*(plane.create("/v2/sandboxes", body, {}) for _ in range(100)))
         assert sorted(taken) == names and set(taken.values()) == {10}
         # Until the nodes heartbeat, their placements count; after, their reports do.
-        assert sum(p.memory_mb for p in (await plane.placements.outstanding()).values()) == (
-            100 * cfg.sandbox.memory_mb
-        )
+        outstanding = await plane.placements.outstanding()
+        assert sum(p.memory_mb for p in outstanding) == 100 * cfg.sandbox.memory_mb
         await asyncio.sleep(SETTLE_MARGIN + 0.05)
         for name in names:
             await plane.nodes.heartbeat(name, NodeCapacity(memory_mb=64 * 1024, cores=16))
-        assert await plane.placements.outstanding() == {}
+        assert await plane.placements.outstanding() == []
         assert await plane.placements.forget_reflected() == 100
     await engine.dispose()
 
@@ -251,7 +250,7 @@ async def test_a_refused_or_failed_create_reserves_nothing(tmp_path: Path, state
         await plane.nodes.register("n1", "http://n1", NodeCapacity(memory_mb=4096))
         answered = await plane.create("/v2/sandboxes", b'{"templateID": "base"}', {})
         assert answered.status_code == 400
-        assert await plane.placements.outstanding() == {}
+        assert await plane.placements.outstanding() == []
     await engine.dispose()
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from agentenv.state import placements as ledger_module
 from agentenv.state.nodes import NodeCapacity, NodeRegistry
-from agentenv.state.placements import Placed, PlacementLedger
+from agentenv.state.placements import Placement, PlacementLedger
 from agentenv.state.sandboxes import open_engine
 
 
@@ -26,7 +26,10 @@ async def test_placements_count_until_a_later_heartbeat(
         refused = await ledger.reserve("n2", 1024, 1)
         await ledger.settle(settled)
         await ledger.release(refused)
-        assert await ledger.outstanding() == {"n1": Placed(768, 3)}
+        assert sorted(await ledger.outstanding(), key=lambda p: p.memory_mb) == [
+            Placement(settled, "n1", 256, 1),
+            Placement(in_flight, "n1", 512, 2),
+        ]
 
         async def beat_after(seconds: float) -> None:
             clock[0] += seconds
@@ -34,13 +37,16 @@ async def test_placements_count_until_a_later_heartbeat(
 
         # A heartbeat within the margin may have been taken before the node stored it.
         await beat_after(ledger_module.SETTLE_MARGIN / 2)
-        assert await ledger.outstanding() == {"n1": Placed(768, 3)}
+        assert sorted(await ledger.outstanding(), key=lambda p: p.memory_mb) == [
+            Placement(settled, "n1", 256, 1),
+            Placement(in_flight, "n1", 512, 2),
+        ]
         await beat_after(ledger_module.SETTLE_MARGIN)
-        assert await ledger.outstanding() == {"n1": Placed(512, 2)}
+        assert await ledger.outstanding() == [Placement(in_flight, "n1", 512, 2)]
         assert await ledger.forget_reflected() == 1
         # One nobody settled stops counting once abandoned, and is forgotten then.
         clock[0] += ledger_module.ABANDONED_AFTER + 1
-        assert await ledger.outstanding() == {}
+        assert await ledger.outstanding() == []
         assert await ledger.forget_reflected() == 1
         await ledger.settle(in_flight)  # gone already: nothing to do
     finally:
