@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from agentenv.config import Config
+from agentenv.control.placement import Wanted
 from agentenv.control.plane import ControlPlane
 from agentenv.errors import (
     AtCapacity,
@@ -23,7 +24,7 @@ from agentenv.errors import (
 from agentenv.state.idempotency import KEY_SHAPE
 from agentenv.state.lifecycle import State
 from agentenv.state.nodes import NodeCapacity, NodeEvent
-from agentenv.state.placements import SETTLE_MARGIN
+from agentenv.state.placements import SETTLE_MARGIN, Placement
 from agentenv.state.sandboxes import SandboxRecord, SqlSandboxStore, open_engine
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -283,4 +284,35 @@ async def test_a_node_at_capacity_spills_to_the_next_and_none_with_room_is_429(
         with pytest.raises(AtCapacity, match="no node has room") as refused:
             await plane.create("/v2/sandboxes", b'{"templateID": "base"}', {})
         assert error_answer(refused.value).status == 429
+    await engine.dispose()
+
+
+async def test_a_burst_is_decided_from_one_read_a_lone_create_reads_afresh(
+    tmp_path: Path, state_url: str
+) -> None:
+    cfg = Config()
+    cfg.paths.home = str(tmp_path)
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient() as client:
+        plane = ControlPlane(cfg, engine, client)
+        for name in ("n1", "n2"):
+            await plane.nodes.register(name, f"http://{name}", NodeCapacity(memory_mb=8192))
+        reads = 0
+        real_outstanding = plane.placements.outstanding
+
+        async def counted() -> list[Placement]:
+            nonlocal reads
+            reads += 1
+            return await real_outstanding()
+
+        plane.placements.outstanding = counted  # type: ignore[method-assign]
+        wanted = Wanted(memory_mb=512)
+        placed = await asyncio.gather(*(plane.placer.place(wanted) for _ in range(20)))
+        # The first decision read before the others arrived; they all share the second.
+        assert reads == 2
+        firsts = collections.Counter(nodes[0].name for nodes, _ in placed)
+        assert firsts == {"n1": 10, "n2": 10}
+        await plane.nodes.register("n3", "http://n3", NodeCapacity(memory_mb=8192))
+        nodes, _ = await plane.placer.place(wanted)
+        assert reads == 3 and nodes[0].name == "n3"  # it saw the node that just came
     await engine.dispose()
