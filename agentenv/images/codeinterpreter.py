@@ -75,6 +75,20 @@ KERNELS = ("python3", "deno", "ir", "bash", "java")
 REQUIRED_KERNELS = ("python3", "deno", "ir", "bash")
 # Room left on the disk for what users write, beyond what the tree uses.
 FREE_MB = 1024
+# jjava's kernel without its launcher (a JVM that only starts the kernel's JVM with these
+# options): one JVM start instead of two, and that one with the C1 compiler alone, which
+# under QEMU's software emulation spends far less of a start compiling.
+JAVA_KERNEL_ARGV = [
+    "java",
+    "-XX:TieredStopAtLevel=1",
+    "-XX:+UseSerialGC",
+    "-XX:-UsePerfData",
+    "--add-opens",
+    "jdk.jshell/jdk.jshell=ALL-UNNAMED",
+    "-jar",
+    "{resource_dir}/jjava.jar",
+    "{connection_file}",
+]
 DENO_KERNEL = {
     "argv": ["/usr/local/bin/deno", "jupyter", "--kernel", "--conn", "{connection_file}"],
     "display_name": "Deno",
@@ -115,6 +129,7 @@ def code_interpreter_inputs(cfg: Config) -> dict[str, object]:
         "pip_packages": list(PIP_PACKAGES),
         "deno": list(DENO),
         "deno_kernel": DENO_KERNEL,
+        "java_kernel": JAVA_KERNEL_ARGV,
         "kernels": list(KERNELS),
         "user": [USER, UID],
         "min_size_mb": cfg.sandbox.disk_size_mb,
@@ -234,6 +249,10 @@ def install_kernels(chroot: Chroot) -> list[str]:
     missing = [k for k in REQUIRED_KERNELS if k not in names]
     if missing:
         raise KitBuildError(f"code interpreter: kernels missing: {', '.join(missing)}")
+    java = chroot.root / "usr/local/share/jupyter/kernels/java/kernel.json"
+    if "java" in names and java.is_file():
+        spec = json.loads(java.read_text())
+        java.write_text(json.dumps(spec | {"argv": JAVA_KERNEL_ARGV}, indent=1) + "\n")
     return [k for k in KERNELS if k in names]
 
 

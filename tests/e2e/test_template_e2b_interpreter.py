@@ -30,7 +30,7 @@ from e2b_code_interpreter import Sandbox
 from agentenv.config import load_config
 from agentenv.guest import interpreter
 
-from ..live import LiveServer
+from ..live import LiveServer, point_sdk
 from ..packagemirror import Mirror, package_mirror
 from .plaindebian import plain_debian_image
 
@@ -95,6 +95,7 @@ STARTUP_SCRIPT = "startup_marker = 'ran from the IPython profile'\n"
 
 def context_files(into: Path) -> Path:
     """The files E2B's template copies, under `into`."""
+    into.mkdir(parents=True)
     (into / "requirements.txt").write_text(REQUIREMENTS)
     server = into / "server"
     shutil.copytree(
@@ -178,11 +179,13 @@ def lab(
 
 
 @pytest.fixture(scope="module")
-def mirror(lab: Lab) -> Mirror:
+def mirror(lab: Lab, server: LiveServer) -> Mirror:
     """The mirror E2B's template was built from, once for the module."""
     context = context_files(lab.workdir / "context")
     recipe = e2b_template(lab.image, lab.mirror, context)
-    Template.build(recipe, alias=NAME, cpu_count=2, memory_mb=1024)
+    with pytest.MonkeyPatch.context() as env:  # before the tests' own `e2b_env`
+        point_sdk(env, server.url)
+        Template.build(recipe, alias=NAME, cpu_count=2, memory_mb=1024)
     return lab.mirror
 
 
@@ -311,7 +314,7 @@ def built_from_dockerfile(
 def test_a_python_apps_dockerfile(lab: Lab) -> None:
     files = {"requirements.txt": "requests\n", "app.py": APP}
     with built_from_dockerfile(lab, "python-app", PYTHON_APP, files, "python app.py", 8000) as box:
-        out = box.commands.run("whoami; pwd; curl -s localhost:8000; jq -n 1").stdout
+        out = box.commands.run("whoami; pwd; curl -s localhost:8000; echo; jq -n 1").stdout
         lines = out.splitlines()
         assert lines[:2] == ["appuser", "/app"], out
         assert json.loads(lines[2])["requests"], out

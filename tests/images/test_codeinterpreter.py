@@ -19,6 +19,7 @@ from agentenv.guest.buildutil import KitBuildError, mounts_under
 from agentenv.images import codeinterpreter
 from agentenv.images.chroot import mounted
 from agentenv.images.codeinterpreter import (
+    JAVA_KERNEL_ARGV,
     build_code_interpreter,
     code_interpreter_version,
     load_code_interpreter,
@@ -114,6 +115,8 @@ def test_the_real_image_has_the_kernels_the_user_and_the_data_stack() -> None:
     assert image.manifest["kernels"] == ["python3", "deno", "ir", "bash", "java"]
     deno = json.loads(_read(rootfs, "/usr/local/share/jupyter/kernels/deno/kernel.json"))
     assert deno["argv"][0] == "/usr/local/bin/deno" and deno["env"] == {"NO_COLOR": "1"}
+    java = json.loads(_read(rootfs, "/usr/local/share/jupyter/kernels/java/kernel.json"))
+    assert java["argv"] == JAVA_KERNEL_ARGV and java["interrupt_mode"] == "message"
     assert "user:x:1000:1000::/home/user:/bin/bash" in _read(rootfs, "/etc/passwd")
     assert _read(rootfs, "/etc/sudoers.d/user") == "user ALL=(ALL:ALL) NOPASSWD: ALL\n"
     site = _ls(rootfs, "/usr/local/lib/python3.11/dist-packages")
