@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import logging
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +25,8 @@ from .reference import parse_reference
 from .registry import RegistryClient
 from .stepbuild import BuildHost, Recipe, StepBuild, StepFailed
 from .templates import TemplateRecord
+
+log = logging.getLogger(__name__)
 
 
 class TemplateBuilds:
@@ -171,7 +174,10 @@ async def _run(build: Build, work: Coroutine[Any, Any, None]) -> None:
     except AenvError as exc:
         build.fail(exc.message)
     except Exception as exc:
-        build.fail(f"build failed: {exc}")
+        # A bug or a part failing: its traceback in the server's log, its name at least
+        # in the build's reason (some exceptions have no message).
+        log.exception("build %s of %s failed", build.build_id, build.template_id)
+        build.fail(f"build failed: {str(exc) or type(exc).__name__}")
 
 
 def _sized(build: Build, record: TemplateRecord) -> TemplateRecord:

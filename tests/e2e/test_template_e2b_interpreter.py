@@ -185,7 +185,8 @@ def mirror(lab: Lab, server: LiveServer) -> Mirror:
     recipe = e2b_template(lab.image, lab.mirror, context)
     with pytest.MonkeyPatch.context() as env:  # before the tests' own `e2b_env`
         point_sdk(env, server.url)
-        Template.build(recipe, alias=NAME, cpu_count=2, memory_mb=1024)
+        # Its log in the test's output, should it fail.
+        Template.build(recipe, alias=NAME, cpu_count=2, memory_mb=1024, on_build_logs=print)
     return lab.mirror
 
 
