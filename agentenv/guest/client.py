@@ -19,6 +19,8 @@ from .rpc import ConnectError, EnvelopeDecoder, encode_envelope, error_from_json
 
 # Seconds the host waits for the guest's own routes (/init, /reclaim, /sync).
 HOST_CALL_TIMEOUT = 30.0
+# Seconds between the keepalives the agent sends on a quiet process stream.
+KEEPALIVE_SECONDS = 30
 
 
 class AgentClient:
@@ -210,12 +212,15 @@ class AgentClient:
             **self._headers,
             "Content-Type": "application/connect+json",
             "Connect-Protocol-Version": "1",
+            # Asked for, as E2B's SDKs ask: without it the agent sends none, and a step
+            # quiet for longer than the read timeout (pip installing) would end its build.
+            "Keepalive-Ping-Interval": str(KEEPALIVE_SECONDS),
         }
         if user:
             headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
         decoder = EnvelopeDecoder()
         # The agent sends keepalives while a process is quiet: the read timeout holds.
-        limits = httpx.Timeout(self._timeout, read=max(self._timeout, 90.0))
+        limits = httpx.Timeout(self._timeout, read=max(self._timeout, 3 * KEEPALIVE_SECONDS))
         async with (
             httpx.AsyncClient(base_url=self._base_url, timeout=limits) as client,
             asyncio.timeout(timeout),

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from agentenv.errors import Unavailable
+from agentenv.guest import client as client_module
 from agentenv.guest.agent import init_secret
 from agentenv.guest.agent.signing import READ, WRITE, file_signature
 from agentenv.guest.client import AgentClient
@@ -188,6 +189,18 @@ async def rpc(c: httpx.AsyncClient, method: str, body: dict[str, Any], **kw: Any
 
 
 # -- plain HTTP --------------------------------------------------------------------------------
+
+
+async def test_a_quiet_process_outlasts_the_hosts_read_timeout(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host asks for keepalives (a build step quiet for minutes, pip installing)."""
+    monkeypatch.setattr(client_module, "KEEPALIVE_SECONDS", 0.2)
+    lines: list[str] = []
+    code = await AgentClient(agent.url, timeout=0.2).run(
+        ["sh", "-c", "sleep 1.5; echo done"], output=lines.append
+    )
+    assert (code, lines) == (0, ["done"])
 
 
 async def test_host_health_probe(agent: Agent) -> None:
