@@ -243,18 +243,27 @@ def test_a_killed_service_is_restarted_and_stops_with_jupyter(mirror: Mirror) ->
 # adapted only to reach the mirror instead of the internet (the first RUN, pip's ENV).
 NODE_APP = """\
 FROM {image}
+ARG NODE_MAJOR=18
+ENV APP_ROOT=/home/node/app NODE_LABEL=node-${{NODE_MAJOR}}
+ENV APP_BIN=$APP_ROOT/bin NODE_MAJOR=20
+RUN test ! -e /usr/bin/sudo && ! id user && test "$(id -un):$(pwd)" = root:/
 RUN {apt_setup}
 RUN groupadd --gid 1000 node \\
     && useradd --uid 1000 --gid node --shell /bin/bash --create-home node
+RUN useradd -m -s /bin/bash user
 RUN apt-get update && apt-get install -y --no-install-recommends nodejs \\
     && rm -rf /var/lib/apt/lists/*
-WORKDIR /home/node/app
+RUN fallocate -l 5G /var/big && rm /var/big
+WORKDIR $APP_ROOT
 COPY --chown=node:node package.json server.js ./
 USER node
 ENV NODE_ENV=production
 EXPOSE 3000
 CMD ["node", "server.js"]
 """
+
+# More free space than the base disk's 4096 MiB (E2B's minFreeDiskMb).
+FREE_MB = 6144
 
 SERVER_JS = """\
 const http = require("http");
@@ -280,7 +289,7 @@ def built_from_dockerfile(
         .from_dockerfile(str(context / "Dockerfile"))
         .set_start_cmd(start, wait_for_port(port))
     )
-    Template.build(recipe, alias=name, cpu_count=1, memory_mb=512)
+    Template.build(recipe, alias=name, cpu_count=1, memory_mb=512, min_free_disk_mb=FREE_MB)
     sandbox = Sandbox.create(name)
     try:
         yield sandbox
@@ -289,10 +298,17 @@ def built_from_dockerfile(
 
 
 def test_a_node_apps_dockerfile_whose_user_has_uid_1000(lab: Lab) -> None:
-    """As the official node image: `node` is uid 1000, the uid our `user` would take."""
+    """As the official node image: `node` is uid 1000, the uid our `user` would take, and
+    the image makes its own `user` too. With E2B's other Dockerfile constructs: ARG, ENV
+    pairs in step order, and a disk grown for the build (`minFreeDiskMb`)."""
     files = {"package.json": '{"name": "app", "version": "1.0.0"}\n', "server.js": SERVER_JS}
     with built_from_dockerfile(lab, "node-app", NODE_APP, files, "node server.js", 3000) as box:
         out = box.commands.run("whoami; pwd; curl -s localhost:3000").stdout.splitlines()
         assert out[:2] == ["node", "/home/node/app"], out
         assert out[2].startswith("node v") and out[2].endswith(" as node"), out
         assert box.commands.run("stat -c %U server.js").stdout == "node\n"
+        env = box.commands.run("echo $NODE_LABEL $APP_BIN $NODE_MAJOR; id -u user").stdout
+        # A pair sees the ones before it, never later ones; ARG is ENV for the build.
+        assert env.splitlines() == ["node-18 /home/node/app/bin 20", "1001"], env
+        free = box.commands.run("df -Pm / | awk 'NR == 2 {print $4}'").stdout
+        assert int(free) >= FREE_MB * 0.95, free
