@@ -46,7 +46,7 @@ schema = schemathesis.pytest.from_fixture("api_schema").exclude(path=PULLING)
 
 @schema.parametrize()
 @settings(
-    max_examples=30,
+    max_examples=20,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     derandomize=True,

@@ -52,6 +52,10 @@ READ_SECRET = (
 )
 
 
+# Pause/resume cycles in a row: each restores the last one's saved state.
+CYCLES = 5
+
+
 def state_of(sandbox: Sandbox) -> tuple[str, str]:
     """The files' digests and the in-memory secret; the heartbeat must be beating."""
     first = int(sandbox.commands.run("cat /tmp/hb").stdout)
@@ -74,10 +78,10 @@ def test_state_is_exact_through_pauses_snapshots_forks_and_rollback(server: Live
         expected = state_of(sandbox)
         assert len(expected[1].strip()) == 32
 
-        for depth in range(10):
+        for depth in range(CYCLES):
             sandbox.pause()
             sandbox = Sandbox.connect(sandbox.sandbox_id, timeout=1200)
-            if depth in (0, 9):
+            if depth in (0, CYCLES - 1):
                 assert state_of(sandbox) == expected, f"after pause/resume {depth + 1}"
 
         snapshot = sandbox.create_snapshot()
