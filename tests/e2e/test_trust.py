@@ -66,7 +66,7 @@ def test_admission_counts_committed_memory(fresh_server: LiveServer, vms: VmFact
     second = vms.create(fresh_server)
     with fresh_server.client() as api:
         resumed = api.post(f"/v2/sandboxes/{first['sandboxID']}/connect", json={})
-        assert resumed.status_code == 503, resumed.text
+        assert resumed.status_code == 429, resumed.text
         assert api.get(f"/sandboxes/{first['sandboxID']}").json()["state"] == "paused"
     kill(fresh_server, second["sandboxID"])
     with fresh_server.client() as api:
