@@ -81,16 +81,21 @@ def free_memory_mb(node: NodeInfo, held: Reserved) -> int:
 def load(node: NodeInfo, held: Reserved) -> float:
     """How full the node is (1.0: full): the most used of memory, committed vCPUs and
     its CPU."""
+    return max(commitment(node, held), node.capacity.cpu_load)
+
+
+def commitment(node: NodeInfo, held: Reserved) -> float:
+    """What is promised on the node (1.0: all of it): the more of memory and vCPUs."""
     capacity = node.capacity
     if capacity.memory_mb <= 0:
         return 1.0
     memory = (capacity.committed_memory_mb + held.memory_mb) / capacity.memory_mb
     cores = max(capacity.cores, 1)
     vcpus = (capacity.committed_vcpus + held.vcpus) / (cores * VCPUS_PER_CORE)
-    return max(memory, vcpus, capacity.cpu_load)
+    return max(memory, vcpus)
 
 
-def _rank(node: NodeInfo, wanted: Wanted, held: Reserved) -> tuple[int, float, int]:
+def _rank(node: NodeInfo, wanted: Wanted, held: Reserved) -> tuple[int, float, float, int]:
     capacity = node.capacity
     full = load(node, held)
     local = (
@@ -100,4 +105,6 @@ def _rank(node: NodeInfo, wanted: Wanted, held: Reserved) -> tuple[int, float, i
     ) and full < LOCAL_LOAD_LIMIT
     # Any stable mix of key and node will do: it only orders equals.
     tie = hash((wanted.key, node.name))
-    return (0 if local else 1, full, tie)
+    # Between nodes equally loaded on CPU (nodes sharing a host report one load average),
+    # the one with less promised, placements since its heartbeat included, comes first.
+    return (0 if local else 1, full, commitment(node, held), tie)

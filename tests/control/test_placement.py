@@ -82,3 +82,9 @@ def test_cpu_counts_as_well_as_memory() -> None:
     local = node("local-busy", 4000, layers=["top"], cores=2, cpu_load=0.8)
     wanted = Wanted(512, layers=frozenset({"top"}))
     assert names(candidates([local, quiet], wanted, NOW, 15))[0] == "quiet"
+
+
+def test_a_cpu_load_every_node_shares_does_not_hide_what_was_placed() -> None:
+    """Nodes on one host report one load average; the reservations still spread."""
+    nodes = [node(n, 3500, cores=2, cpu_load=1.3) for n in ("a", "b")]
+    assert names(candidates(nodes, Wanted(512), NOW, 15, {"a": Reserved(512, 1)})) == ["b", "a"]
