@@ -10,7 +10,9 @@ Then locality: a node that already holds what the sandbox starts from (the snaps
 files, the template's disk stack in its block daemon, the paused sandbox's files) reads
 nothing from the object store, while its load is below `LOCAL_LOAD_LIMIT`. Then spread:
 the least loaded node, where load is the most used of its memory, its committed vCPUs
-and its CPU (run queue per core); ties are broken by a hash of the request's key.
+and its CPU (run queue per core); then the least promised (memory and vCPUs, which a
+load average shared by nodes of one host cannot tell apart); ties are broken by a hash
+of the request's key.
 """
 
 from __future__ import annotations
