@@ -35,7 +35,9 @@ class Volumes:
         self._root.mkdir(parents=True, exist_ok=True)
         self._root.chmod(0o700)
         shutil.rmtree(self._spool, ignore_errors=True)
-        self._spool.mkdir()
+        # Nodes of a local cluster share this directory and start at once: another one's
+        # sweep may have made it again meanwhile.
+        self._spool.mkdir(exist_ok=True)
         for entry in self._root.iterdir():
             if entry.name not in known and entry != self._spool:
                 shutil.rmtree(entry, ignore_errors=True)
