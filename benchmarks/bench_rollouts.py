@@ -118,29 +118,31 @@ async def prepare(server: LiveServer) -> str:
     return snapshot.snapshot_id
 
 
-async def main_async(args: argparse.Namespace) -> None:
-    with live_server() as server:
-        os.environ.update(
-            {"E2B_API_URL": server.url, "E2B_SANDBOX_URL": server.url, "E2B_API_KEY": TEST_KEY}
-        )
-        snapshot = await prepare(server)
-        boot = wait_snapshot(server)  # 256 MiB guests, as RawGuest's
-        for workers in args.workers:
-            result = await rung(server, snapshot, workers, args.episodes)
-            raw = await floor(boot, workers, args.episodes)
-            result |= {
-                "bench": "rollouts",
-                "floor_restores_per_s": round(raw, 3),
-                "episodes_over_floor": round(result["episodes_per_s"] / raw, 2),
-            }
-            print(json.dumps(result), flush=True)
+async def ladder(server: LiveServer, args: argparse.Namespace) -> None:
+    snapshot = await prepare(server)
+    boot = wait_snapshot(server)  # 256 MiB guests, as RawGuest's
+    for workers in args.workers:
+        result = await rung(server, snapshot, workers, args.episodes)
+        raw = await floor(boot, workers, args.episodes)
+        result |= {
+            "bench": "rollouts",
+            "floor_restores_per_s": round(raw, 3),
+            "episodes_over_floor": round(result["episodes_per_s"] / raw, 2),
+        }
+        print(json.dumps(result), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     parser.add_argument("--episodes", type=int, default=3)
-    asyncio.run(main_async(parser.parse_args()))
+    args = parser.parse_args()
+    # The server starts and stops outside the event loop (its close runs one of its own).
+    with live_server() as server:
+        os.environ.update(
+            {"E2B_API_URL": server.url, "E2B_SANDBOX_URL": server.url, "E2B_API_KEY": TEST_KEY}
+        )
+        asyncio.run(ladder(server, args))
 
 
 if __name__ == "__main__":
