@@ -14,13 +14,20 @@ from .registry import VolumeRecord, VolumeRegistry
 VOLUME_ROOT_MODE = 0o777
 
 
+# Upload spools, one per node, under the volumes directory.
+SPOOLS = ".spool"
+
+
 class Volumes:
     """Create, find and delete volumes; open one's files for its token's holder."""
 
-    def __init__(self, registry: VolumeRegistry, root: Path) -> None:
+    def __init__(self, registry: VolumeRegistry, root: Path, node: str) -> None:
+        """`node` names this node's own spool: nodes of a local cluster share `root`, and
+        each one's start-up sweep must leave the others' uploads alone."""
         self.registry = registry
         self._root = root
-        self._spool = root / ".spool"
+        self._spools = root / SPOOLS
+        self._spool = self._spools / node
 
     async def sweep(self) -> None:
         """At start: uploads a crash cut short, and the files of volumes whose record is
@@ -35,11 +42,9 @@ class Volumes:
         self._root.mkdir(parents=True, exist_ok=True)
         self._root.chmod(0o700)
         shutil.rmtree(self._spool, ignore_errors=True)
-        # Nodes of a local cluster share this directory and start at once: another one's
-        # sweep may have made it again meanwhile.
-        self._spool.mkdir(exist_ok=True)
+        self._spool.mkdir(parents=True)
         for entry in self._root.iterdir():
-            if entry.name not in known and entry != self._spool:
+            if entry.name not in known and entry != self._spools:
                 shutil.rmtree(entry, ignore_errors=True)
         for volume_id in known:
             if not (self._root / volume_id).exists():

@@ -14,7 +14,7 @@ from agentenv.volumes.service import Volumes
 
 async def _volumes(tmp_path: Path) -> tuple[Volumes, SqlSandboxStore]:
     store = await SqlSandboxStore.open(f"sqlite:///{tmp_path / 'state.db'}", "n1")
-    return Volumes(VolumeRegistry(store.engine), tmp_path / "volumes"), store
+    return Volumes(VolumeRegistry(store.engine), tmp_path / "volumes", "node-1"), store
 
 
 async def test_names_tokens_and_deletes(tmp_path: Path) -> None:
@@ -46,14 +46,19 @@ async def test_the_sweep_removes_what_a_crash_left(tmp_path: Path) -> None:
         (tmp_path / "volumes" / kept.volume_id / "file").write_text("mine")
         # A delete that died after its record went, and an upload cut short.
         await volumes.registry.delete(dropped.volume_id)
-        (tmp_path / "volumes" / ".spool").mkdir()
-        (tmp_path / "volumes" / ".spool" / "tmpupload").write_text("partial")
+        spools = tmp_path / "volumes" / ".spool"
+        (spools / "node-1").mkdir(parents=True)
+        (spools / "node-1" / "tmpupload").write_text("partial")
+        # Another node's upload under way (a local cluster's nodes share the directory).
+        (spools / "node-2").mkdir()
+        (spools / "node-2" / "tmpupload").write_text("theirs")
         # And a create that died before its directory was made.
         orphan = await volumes.registry.create("no-directory")
         await volumes.sweep()
         left = sorted(p.name for p in (tmp_path / "volumes").iterdir())
         assert left == sorted([".spool", kept.volume_id, orphan.volume_id])
-        assert list((tmp_path / "volumes" / ".spool").iterdir()) == []
+        assert list((spools / "node-1").iterdir()) == []
+        assert (spools / "node-2" / "tmpupload").read_text() == "theirs"
         assert (tmp_path / "volumes" / kept.volume_id / "file").read_text() == "mine"
         # Only root reaches the volumes; each volume's own root is open to guests' users.
         assert (tmp_path / "volumes").stat().st_mode & 0o777 == 0o700

@@ -206,7 +206,7 @@ class Node:
         # Before any namespace's rules are written: they send guests to these ports.
         networks.egress = dataclasses.replace(networks.egress, proxy=proxy_ports)
         await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix, proxy_ports)
-        volumes = Volumes(VolumeRegistry(store.engine), cfg.volumes_dir)
+        volumes = Volumes(VolumeRegistry(store.engine), cfg.volumes_dir, cfg.node_name)
         nfs = NfsServer(cfg)
         # A crashed node's server goes; the recovery below starts a new one if a
         # sandbox still mounts a volume.
