@@ -6,6 +6,7 @@ Nothing here changes a sandbox's state: the manager's lifecycle calls these as s
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shutil
 from pathlib import Path
@@ -191,7 +192,15 @@ def disk_demand_mb(template: Template, default_mb: int) -> int:
     where a build grew it past the default (E2B's minFreeDiskMb), else the default."""
     if template.rootfs_format != "raw":
         return default_mb
-    return max(default_mb, (filesystem_bytes(template.rootfs) or 0) >> 20)
+    stat = template.rootfs.stat()
+    return max(default_mb, _filesystem_mb(str(template.rootfs), stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=256)
+def _filesystem_mb(path: str, size: int, mtime_ns: int) -> int:
+    """A disk's filesystem size, read once per version of the file (creates ask often; a
+    served template's first block may come from the object store)."""
+    return (filesystem_bytes(Path(path)) or 0) >> 20
 
 
 def _disk_size(template: Template) -> int:
