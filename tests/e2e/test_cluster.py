@@ -284,12 +284,13 @@ def test_control_and_nodes_export_metrics(cluster: Cluster) -> None:
 
 def test_placement_spreads_a_burst_and_follows_a_snapshot(cluster: Cluster) -> None:
     """Six creates at once, before any heartbeat shows one: the placement ledger spreads
-    them over both nodes. Then creates from a snapshot go where its files are."""
+    them over the nodes. Then creates from a snapshot go where its files are."""
     with ThreadPoolExecutor(6) as pool:
         sandboxes = list(pool.map(lambda _: Sandbox.create(), range(6)))
     try:
         per_node = collections.Counter(cluster.node_of(s.sandbox_id) for s in sandboxes)
-        assert len(per_node) == 2 and max(per_node.values()) <= 4, per_node
+        # Three nodes, six creates: none takes more than half (it did all of them before).
+        assert len(per_node) >= 2 and max(per_node.values()) <= 3, per_node
         source = sandboxes[0]
         source.commands.run("echo from-snapshot > /tmp/mark")
         snapshot = source.create_snapshot()
