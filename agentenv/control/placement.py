@@ -8,7 +8,9 @@ ledger), so a burst of creates sees each other before any heartbeat does.
 
 Then locality: a node that already holds what the sandbox starts from (the snapshot's
 files, the template's disk stack in its block daemon, the paused sandbox's files) reads
-nothing from the object store, while its load is below `LOCAL_LOAD_LIMIT`. Then spread:
+nothing from the object store, while what is promised on it is below `LOCAL_LOAD_LIMIT`
+(not its CPU load: nodes sharing a host report one load average, and a busy CPU is best
+met by reading nothing). Then spread:
 the least loaded node, where load is the most used of its memory, its committed vCPUs
 and its CPU (run queue per core); then the least promised (memory and vCPUs, which a
 load average shared by nodes of one host cannot tell apart); ties are broken by a hash
@@ -22,8 +24,8 @@ from dataclasses import dataclass, field
 
 from ..state.nodes import NodeInfo
 
-# A node holding the content is preferred while its load is below this; past it, it
-# competes on load like any other (a popular template would otherwise fill its first
+# A node holding the content is preferred while what is promised on it is below this;
+# past it, it competes on load like any other (a popular template would otherwise fill its first
 # nodes to the brim while others idle).
 LOCAL_LOAD_LIMIT = 0.75
 # Committed vCPUs per core at which a node counts as full on CPU: agents idle most of
@@ -104,7 +106,7 @@ def _rank(node: NodeInfo, wanted: Wanted, held: Reserved) -> tuple[int, float, f
         node.name == wanted.origin
         or any(s in capacity.snapshot_set for s in wanted.snapshots)
         or any(layer in capacity.layer_set for layer in wanted.layers)
-    ) and full < LOCAL_LOAD_LIMIT
+    ) and commitment(node, held) < LOCAL_LOAD_LIMIT
     # Any stable mix of key and node will do: it only orders equals.
     tie = hash((wanted.key, node.name))
     # Between nodes equally loaded on CPU (nodes sharing a host report one load average),

@@ -78,10 +78,13 @@ def test_cpu_counts_as_well_as_memory() -> None:
         "busy-cpu",
     ]
     assert load(vcpus, Reserved(vcpus=1)) == 1.0
-    # A node holding the layer loses its preference once it is loaded on CPU alone.
+    # A node holding the layer keeps its preference on a busy CPU (reading nothing is
+    # what a busy host needs), and loses it once its vCPUs are promised past the limit.
     local = node("local-busy", 4000, layers=["top"], cores=2, cpu_load=0.8)
     wanted = Wanted(512, layers=frozenset({"top"}))
-    assert names(candidates([local, quiet], wanted, NOW, 15))[0] == "quiet"
+    assert names(candidates([local, quiet], wanted, NOW, 15))[0] == "local-busy"
+    full = node("local-full", 4000, layers=["top"], cores=2, committed_vcpus=7)
+    assert names(candidates([full, quiet], wanted, NOW, 15))[0] == "quiet"
 
 
 def test_a_cpu_load_every_node_shares_does_not_hide_what_was_placed() -> None:
