@@ -226,7 +226,7 @@ class HostResources:
 # The node's scratch space: snapshots being staged, volume uploads being spooled, build
 # contexts being received, chunks being fetched. Not the object store's: it is durable
 # storage, and a write a crash cut short stays there, unlisted, by design.
-_SCRATCH = ("snapshots/.staging/*", "volumes/.spool/*", ".upload-*", "cache/**/.tmp-*")
+_SCRATCH = ("snapshots/.staging/*", "volumes/.spool/*/*", ".upload-*", "cache/**/.tmp-*")
 
 
 def _stray_processes(home: Path, prefix: str) -> list[int]:

@@ -39,12 +39,15 @@ def test_scratch_counts_what_the_node_stages_and_transient_ignores_snapshots(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    for path in ("snapshots/.staging/app-v1", "cache/chunks/ab/.tmp-x1", "snapshots/app/v1"):
+    staged = ("snapshots/.staging/app-v1", "cache/chunks/ab/.tmp-x1", "snapshots/app/v1")
+    for path in (*staged, "volumes/.spool/node-2"):  # a node's spool is there while it runs
         (home / path).mkdir(parents=True)
     (home / ".upload-x2").write_bytes(b"")
+    (home / "volumes/.spool/node-1").mkdir(parents=True)
+    (home / "volumes/.spool/node-1/vol-a-upload").write_bytes(b"")
     found = LiveServer(home).resources()
-    assert (found.scratch, found.snapshots) == (3, 2)  # staging counts as both
-    assert found.transient() == HostResources(0, 0, 0, 0, 0, 0, 0, scratch=3)
+    assert (found.scratch, found.snapshots) == (4, 2)  # staging counts as both
+    assert found.transient() == HostResources(0, 0, 0, 0, 0, 0, 0, scratch=4)
 
 
 def test_within_a_baseline_means_nothing_more_of_any_kind() -> None:
