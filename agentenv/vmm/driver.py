@@ -103,6 +103,13 @@ class VmmDriver(Protocol):
     # The VMM's name and version: saved states load only into the version that wrote them.
     version: str
 
+    async def create_disk(
+        self, path: Path, size: int | None, backing: Path | None, backing_format: str
+    ) -> None:
+        """A disk for a VM at `path` in the VMM's format: empty, or copy-on-write over
+        `backing`; `size` in bytes, None: the backing file's."""
+        ...
+
     async def boot(self, spec: VmSpec) -> VmHandle:
         """Start the VM; returns once the VMM is up (not the guest)."""
         ...

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..crashpoints import crash_point
 from . import guestram, kernelstub, migstream, privram, qemuballoon
 from .driver import BalloonStats, Launched, PreparedVm, VmHandle, VmmError, VmSpec
+from .qemuimg import create_qcow2
 from .qmp import QmpClient
 
 # Unix socket paths must stay under 108 bytes, so control sockets live in a short
@@ -257,6 +258,11 @@ class QemuDriver:
         self._privram = privram.build(run_dir) if self.shares_snapshot_ram else None
         # Each kernel's header-only stub for restores, made once (restores are a hot path).
         self._restore_kernels: dict[Path, Path] = {}
+
+    async def create_disk(
+        self, path: Path, size: int | None, backing: Path | None, backing_format: str
+    ) -> None:
+        await create_qcow2(path, size, backing=backing, backing_format=backing_format)
 
     async def boot(self, spec: VmSpec) -> VmHandle:
         return await self._launch(spec, incoming=False)

@@ -8,16 +8,8 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from ...config import Config
-from ...net.netns import (
-    NetworkError,
-    NetworkPlan,
-    apply_policy,
-    create_network,
-    destroy_network,
-    link_exists,
-    namespace_exists,
-    plan_network,
-)
+from ...net.namespaces import Namespaces
+from ...net.netns import NetworkError, NetworkPlan, plan_network
 from ...net.policy import egress_policy
 from ...net.rules import EgressRules, egress_of
 from ...state.sandboxes import SandboxRecord
@@ -43,8 +35,9 @@ def traffic_token_for(network: dict[str, Any]) -> str | None:
 class SandboxNetworks:
     """Namespaces of this node's sandboxes, by network slot."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, namespaces: Namespaces) -> None:
         self.cfg = cfg
+        self.namespaces = namespaces
         # Built here so a bad `net.allowed_ranges` stops the server at start; the node adds
         # its egress proxy's ports before any namespace is made.
         self.egress = egress_policy(cfg.net)
@@ -67,10 +60,10 @@ class SandboxNetworks:
 
     def slot_busy(self, slot: int) -> bool:
         """Whether the slot's interfaces still exist (a sandbox moving away may hold them)."""
-        return link_exists(self.plan_for_slot(slot).host_veth)
+        return self.namespaces.link_exists(self.plan_for_slot(slot).host_veth)
 
     def exists(self, record: SandboxRecord) -> bool:
-        return namespace_exists(self.plan(record).netns)
+        return self.namespaces.exists(self.plan(record).netns)
 
     async def make(self, record: SandboxRecord, cleanup: CleanupStack) -> None:
         """Its namespace (undone by `cleanup`) and, if it mounts volumes, their exports."""
@@ -80,7 +73,7 @@ class SandboxNetworks:
         """Today's rules for a sandbox whose namespace is here (none: nothing to do)."""
         if self.exists(record):
             await self._tunnel(record)
-            await apply_policy(
+            await self.namespaces.apply(
                 self.plan(record), egress_rules(record), self.egress,
                 mounts_volumes=bool(record.volume_mounts),
             )  # fmt: skip
@@ -95,11 +88,11 @@ class SandboxNetworks:
 
     async def _create(self, record: SandboxRecord, cleanup: CleanupStack | None = None) -> None:
         plan = self.plan(record)
-        await create_network(
+        await self.namespaces.create(
             plan, egress_rules(record), self.egress, mounts_volumes=bool(record.volume_mounts)
         )
         if cleanup is not None:
-            cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
+            cleanup.push("network", lambda: self.namespaces.destroy(plan.netns, plan.host_veth))
         await self._tunnel(record)
         if cleanup is not None:
             cleanup.push("tunnel", lambda: self.stop_tunnel(record))

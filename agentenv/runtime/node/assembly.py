@@ -44,6 +44,7 @@ from ...volumes.nfs import NfsServer
 from ...volumes.registry import VolumeRegistry
 from ...volumes.service import Volumes
 from ..machine.bootsnap import BootSnapshots, Shape
+from ..machine.host import MachineHost
 from ..machine.mounts import VolumeExports
 from ..memory.admission import committed_by
 from ..sandboxes.creation import CreateRequest, SandboxCreations
@@ -184,7 +185,9 @@ class Node:
             )
             stack.push_async_callback(boot_snapshots.close)
             boot_snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
-        manager = SandboxManager(cfg, store, driver, kit, catalog, boot_snapshots)
+        manager = SandboxManager(
+            cfg, store, MachineHost.linux(driver), kit, catalog, boot_snapshots
+        )
         networks = manager.networks
         authority = EgressAuthority(server_key or secrets.token_bytes(32))
         networks.trusted_ca = authority.ca_pem

@@ -9,7 +9,6 @@ import asyncio
 import logging
 import shutil
 
-from ...net.netns import destroy_network, list_namespaces
 from ..sandboxes.manager import SandboxManager
 
 log = logging.getLogger(__name__)
@@ -19,7 +18,8 @@ async def release_moved(manager: SandboxManager) -> int:
     """Remove the local leftovers of sandboxes now owned by another node; how many."""
     prefix = manager.cfg.net.name_prefix
     root = manager.cfg.sandboxes_dir
-    local = {n.removeprefix(f"{prefix}-") for n in list_namespaces(prefix)}
+    namespaces = manager.networks.namespaces
+    local = {n.removeprefix(f"{prefix}-") for n in namespaces.listed(prefix)}
     if root.is_dir():
         local |= {d.name for d in root.iterdir()}
     if not local:
@@ -27,7 +27,7 @@ async def release_moved(manager: SandboxManager) -> int:
     owners = await manager.store.owners(sorted(local))
     moved = [i for i, node in owners.items() if node != manager.store.node]
     for sandbox_id in moved:
-        await destroy_network(f"{prefix}-{sandbox_id}")
+        await namespaces.destroy(f"{prefix}-{sandbox_id}")
         await asyncio.to_thread(shutil.rmtree, root / sandbox_id, True)
         log.info(
             "sandbox %s moved to node %s: its local copy is gone", sandbox_id, owners[sandbox_id]

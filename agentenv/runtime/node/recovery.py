@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ...errors import Unavailable
-from ...net.netns import destroy_network, list_namespaces
 from ...state.lifecycle import Event, State
 from ...state.sandboxes import FILESYSTEM, SandboxRecord
 from ...vmm.driver import VmHandle, VmmError
@@ -195,9 +194,10 @@ async def recover(manager: SandboxManager) -> RecoveryReport:
     report.reclaimed["vms"] = len(stray_vms)
 
     prefix = manager.cfg.net.name_prefix
-    stray_netns = [n for n in list_namespaces(prefix) if n.removeprefix(f"{prefix}-") not in keep]
+    namespaces = manager.networks.namespaces
+    stray_netns = [n for n in namespaces.listed(prefix) if n.removeprefix(f"{prefix}-") not in keep]
     for netns in stray_netns:
-        await destroy_network(netns)
+        await namespaces.destroy(netns)
     report.reclaimed["namespaces"] = len(stray_netns)
 
     stray_dirs = [d for d in root.iterdir() if d.name not in keep] if root.exists() else []

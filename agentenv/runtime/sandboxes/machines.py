@@ -23,8 +23,8 @@ from ...guest.rpc import ConnectError
 from ...images.catalog import Template, TemplateCatalog
 from ...state.sandboxes import FILESYSTEM, SandboxRecord, SandboxStore
 from ...vmm import guestram
-from ...vmm.driver import VmHandle, VmmDriver, VmmError, VmSpec
-from ...vmm.qemuimg import create_qcow2, qcow2_virtual_size
+from ...vmm.driver import VmHandle, VmmError, VmSpec
+from ...vmm.qemuimg import qcow2_virtual_size
 from ...wire import ENVD_PORT
 from ..machine.bootsnap import (
     DISK_BYTES,
@@ -36,6 +36,7 @@ from ..machine.bootsnap import (
 )
 from ..machine.cleanup import CleanupStack
 from ..machine.guestconfig import init_agent
+from ..machine.host import MachineHost
 from ..machine.launch import VmLauncher
 from ..machine.network import SandboxNetworks
 
@@ -56,7 +57,7 @@ class SandboxMachines:
         self,
         cfg: Config,
         store: SandboxStore,
-        driver: VmmDriver,
+        host: MachineHost,
         kit: Kit,
         catalog: TemplateCatalog,
         networks: SandboxNetworks,
@@ -64,7 +65,8 @@ class SandboxMachines:
     ) -> None:
         self.cfg = cfg
         self.store = store
-        self.driver = driver
+        self.driver = driver = host.driver
+        self._agents = host.agents
         self.kit = kit
         self.catalog = catalog
         self.networks = networks
@@ -80,7 +82,7 @@ class SandboxMachines:
         return self.cfg.home / "forks"
 
     def agent(self, record: SandboxRecord) -> AgentClient:
-        return AgentClient(
+        return self._agents(
             f"http://{self.networks.plan(record).ns_ip}:{ENVD_PORT}",
             record.access_token,
             init_secret=read_init_secret(self.workdir(record.sandbox_id)),
@@ -102,9 +104,7 @@ class SandboxMachines:
         # Every disk gets the boot snapshots' size when its image fits (the guest sees it).
         size = DISK_BYTES if _disk_size(template) <= DISK_BYTES else None
         try:
-            await create_qcow2(
-                overlay, size, backing=template.rootfs, backing_format=template.rootfs_format
-            )
+            await self.driver.create_disk(overlay, size, template.rootfs, template.rootfs_format)
         except VmmError as exc:
             raise Unavailable(str(exc)) from exc
 

@@ -26,14 +26,14 @@ from ...crashpoints import crash_point
 from ...errors import NotFound, PermanentlyUnavailable, Unavailable
 from ...guest.kit import Kit
 from ...images.catalog import TemplateCatalog
-from ...net.netns import destroy_network
 from ...net.rules import EGRESS_FIELDS
 from ...observe.metrics import timed
 from ...state.lifecycle import Event, next_state
 from ...state.sandboxes import SandboxRecord, SandboxStore
-from ...vmm.driver import VmHandle, VmmDriver
+from ...vmm.driver import VmHandle
 from ..machine.bootsnap import BootSnapshots
 from ..machine.cleanup import CleanupStack
+from ..machine.host import MachineHost
 from ..machine.network import SandboxNetworks, egress_rules
 from ..memory.admission import demand_of
 from ..memory.metricshistory import MetricsHistory
@@ -58,17 +58,17 @@ class SandboxManager:
         self,
         cfg: Config,
         store: SandboxStore,
-        driver: VmmDriver,
+        host: MachineHost,
         kit: Kit,
         catalog: TemplateCatalog,
         boot_snapshots: BootSnapshots | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
-        self.driver = driver
-        self.networks = SandboxNetworks(cfg)
+        self.driver = host.driver
+        self.networks = SandboxNetworks(cfg, host.namespaces)
         self.machines = SandboxMachines(
-            cfg, store, driver, kit, catalog, self.networks, boot_snapshots
+            cfg, store, host, kit, catalog, self.networks, boot_snapshots
         )
         self.intake = SandboxIntake(cfg, store, self.networks)
         self.routes = RouteTable()
@@ -177,7 +177,9 @@ class SandboxManager:
         cleanup.push("state record", lambda: self.store.delete(record.sandbox_id))
         workdir = self.machines.workdir(record.sandbox_id)
         cleanup.push("workdir", lambda: asyncio.to_thread(shutil.rmtree, workdir, True))
-        cleanup.push("network", lambda: destroy_network(plan.netns, plan.host_veth))
+        cleanup.push(
+            "network", lambda: self.networks.namespaces.destroy(plan.netns, plan.host_veth)
+        )
         if record.vm:
             handle = VmHandle.from_dict(record.vm)
             cleanup.push("vm", lambda: self.driver.stop(handle))
