@@ -217,6 +217,9 @@ class ClusterConfig:
     # A node silent this long is declared lost: its running sandboxes are gone, its stored
     # paused ones resume on other nodes.
     node_timeout: float = 15.0
+    # Place sandboxes on hollow nodes, which run the node's code over machines that start
+    # no guest (`cluster/hollow.py`): for tests and benchmarks of the control plane only.
+    accept_hollow_nodes: bool = False
 
 
 @dataclass

@@ -42,12 +42,14 @@ from .teams import teams_router
 log = logging.getLogger(__name__)
 
 
-def build_api(cfg: Config, api_key: str) -> FastAPI:
-    """The FastAPI app; its lifespan starts the node runtime and stops its background work."""
+def build_api(cfg: Config, api_key: str, *, hollow: bool = False) -> FastAPI:
+    """The FastAPI app; its lifespan starts the node runtime (`hollow`: over machines that
+    start nothing, `Node.open`) and stops its background work."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        node = await Node.open(cfg, signing_key(api_key), sealer=server_sealer(cfg, api_key))
+        sealer = server_sealer(cfg, api_key)
+        node = await Node.open(cfg, signing_key(api_key), sealer=sealer, hollow=hollow)
         app.state.node = node
         app.state.idempotency = SqlKeyStore(node.nodes.engine)
         try:
@@ -101,12 +103,12 @@ def build_api(cfg: Config, api_key: str) -> FastAPI:
     return app
 
 
-def create_app(cfg: Config) -> Any:
+def create_app(cfg: Config, *, hollow: bool = False) -> Any:
     """API plus data-plane proxy; prints a newly generated API key once."""
     api_key, created = load_or_create_api_key(cfg.server.api_key, cfg.home)
     if created:
         print(f"Generated API key (stored under {cfg.home}/secrets): {api_key}", flush=True)
-    api = build_api(cfg, api_key)
+    api = build_api(cfg, api_key, hollow=hollow)
 
     def resolve(sandbox_id: str) -> Route | None:
         node: Node | None = getattr(api.state, "node", None)

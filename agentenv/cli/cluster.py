@@ -21,6 +21,8 @@ def _cluster(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def cmd_cluster_up(ctx: Context, args: argparse.Namespace) -> int:
     """Start PostgreSQL, an S3 server, a control plane and N nodes; print how to use it."""
+    if args.nodes < 1:
+        raise CliError("a cluster needs at least one node")
     cfg = load_cfg(args.config)
     # Every node boots from the host's kit and base template: built once, here. Progress
     # goes to stderr: stdout is only the exports, for `eval "$(aenv cluster up ...)"`.

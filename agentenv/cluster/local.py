@@ -50,15 +50,18 @@ class Member:
     """One process the cluster started."""
 
     name: str
-    role: str  # control | node | s3
+    role: str  # control | node | hollow (a process of hollow nodes) | s3
     pid: int
     port: int
     log: str
     # Where it listens: a node on its own namespace's address, the rest on the host.
     address: str = "127.0.0.1"
     home: str = ""
-    # A node's index on the cluster's bridge (its names and subnet derive from it).
+    # A node's index on the cluster's bridge (its names and subnet derive from it); a
+    # hollow process's first node's.
     index: int = 0
+    # How many hollow nodes the process serves.
+    nodes: int = 0
 
     @property
     def url(self) -> str:
@@ -127,8 +130,8 @@ class LocalCluster:
 
     def up(self, nodes: int, port: int | None = None, timeout: float = 180.0) -> ClusterState:
         """Start everything and wait until the control plane sees every node."""
-        if nodes < 1:
-            raise ClusterError("a cluster needs at least one node")
+        if nodes < 0:
+            raise ClusterError("a number of nodes cannot be negative")
         existing = self.load()
         if existing is not None and any(_alive(m.pid) for m in existing.members):
             raise ClusterError(f"a cluster is already up in {self.directory}: take it down first")
@@ -250,6 +253,26 @@ class LocalCluster:
         state.members.append(Member("control", "control", pid, port, log, home=str(home)))
         self._save(state)
 
+    def add_hollow(self, count: int, timeout: float = 600.0) -> Member:
+        """`count` hollow nodes (`hollow.py`) in one more process, once the control plane
+        sees them: it must accept them (AENV_CLUSTER_ACCEPT_HOLLOW_NODES in `env`)."""
+        state = self.load()
+        if state is None:
+            raise ClusterError(f"no cluster is up in {self.directory}")
+        first = 1 + max((m.index + m.nodes - 1 for m in state.members if m.nodes), default=0)
+        home = self.directory / "hollow"
+        env = {**self._common_env(state, 0), "AENV_HOME": str(home), "AENV_SERVER_ROLE": "node"}
+        argv = [sys.executable, "-m", "agentenv.cluster.hollow", "--first", str(first)]
+        argv += ["--count", str(count), "--home", str(home)]
+        name = f"hollow-{first:03d}+{count}"
+        pid, log = self._spawn(name, argv, env)
+        member = Member(name, "hollow", pid, 0, log, home=str(home), index=first, nodes=count)
+        state.members.append(member)
+        self._save(state)
+        known = sum(m.nodes if m.role == "hollow" else m.role == "node" for m in state.members)
+        self._wait_ready(state, known, timeout)
+        return member
+
     def _wait_ready(self, state: ClusterState, nodes: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         seen = 0
@@ -300,7 +323,7 @@ class LocalCluster:
         if state is not None:
             self._kill_sandboxes(state)
             # Control first (no new work), then nodes, then what they stand on.
-            order = {"control": 0, "node": 1, "s3": 2}
+            order = {"control": 0, "node": 1, "hollow": 1, "s3": 2}
             for member in sorted(state.members, key=lambda m: order[m.role]):
                 _stop(member.pid)
                 if member.role == "node":

@@ -9,8 +9,9 @@ ledger), so a burst of creates sees each other before any heartbeat does.
 Then locality: a node that already holds what the sandbox starts from (the snapshot's
 files, the template's disk stack in its block daemon, the paused sandbox's files) reads
 nothing from the object store, while what is promised on it is below `LOCAL_LOAD_LIMIT`
-(not its CPU load: nodes sharing a host report one load average, and a busy CPU is best
-met by reading nothing). Then spread:
+and no more than `LOCALITY_MARGIN` above the least promised candidate's (not its CPU
+load: nodes sharing a host report one load average, and a busy CPU is best met by
+reading nothing). Then spread:
 the least loaded node, where load is the most used of its memory, its committed vCPUs
 and its CPU (run queue per core); then the least promised (memory and vCPUs, which a
 load average shared by nodes of one host cannot tell apart); ties are broken by a hash
@@ -28,6 +29,9 @@ from ..state.nodes import NodeInfo
 # past it, it competes on load like any other (a popular template would otherwise fill its first
 # nodes to the brim while others idle).
 LOCAL_LOAD_LIMIT = 0.75
+# Nor while it is promised this much more than the least promised candidate: a burst
+# would otherwise pile onto the few nodes whose heartbeat already shows the template.
+LOCALITY_MARGIN = 0.125
 # Committed vCPUs per core at which a node counts as full on CPU: agents idle most of
 # the time, so vCPUs are overcommitted; past this they queue for the cores.
 VCPUS_PER_CORE = 4
@@ -75,7 +79,9 @@ def candidates(
         and n.silent_for(now) < timeout
         and free_memory_mb(n, held.get(n.name, NOTHING)) >= wanted.memory_mb
     ]
-    return sorted(fit, key=lambda n: _rank(n, wanted, held.get(n.name, NOTHING)))
+    least = min((commitment(n, held.get(n.name, NOTHING)) for n in fit), default=0.0)
+    limit = min(LOCAL_LOAD_LIMIT, least + LOCALITY_MARGIN)
+    return sorted(fit, key=lambda n: _rank(n, wanted, held.get(n.name, NOTHING), limit))
 
 
 def free_memory_mb(node: NodeInfo, held: Reserved) -> int:
@@ -99,14 +105,16 @@ def commitment(node: NodeInfo, held: Reserved) -> float:
     return max(memory, vcpus)
 
 
-def _rank(node: NodeInfo, wanted: Wanted, held: Reserved) -> tuple[int, float, float, int]:
+def _rank(
+    node: NodeInfo, wanted: Wanted, held: Reserved, local_limit: float
+) -> tuple[int, float, float, int]:
     capacity = node.capacity
     full = load(node, held)
     local = (
         node.name == wanted.origin
         or any(s in capacity.snapshot_set for s in wanted.snapshots)
         or any(layer in capacity.layer_set for layer in wanted.layers)
-    ) and commitment(node, held) < LOCAL_LOAD_LIMIT
+    ) and commitment(node, held) < local_limit
     # Any stable mix of key and node will do: it only orders equals.
     tie = hash((wanted.key, node.name))
     # Between nodes equally loaded on CPU (nodes sharing a host report one load average),

@@ -16,7 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..errors import AtCapacity
+from ..errors import AtCapacity, Unavailable
 from ..state.nodes import NodeInfo, NodeRegistry
 from ..state.placements import PlacementLedger
 from .placement import Reserved, Wanted, candidates
@@ -50,10 +50,19 @@ class _View:
 class Placer:
     """Placement decisions and their reservations, for one control-plane replica."""
 
-    def __init__(self, nodes: NodeRegistry, ledger: PlacementLedger, node_timeout: float) -> None:
+    def __init__(
+        self,
+        nodes: NodeRegistry,
+        ledger: PlacementLedger,
+        node_timeout: float,
+        *,
+        accept_hollow: bool = False,
+    ) -> None:
         self.nodes = nodes
         self.ledger = ledger
         self.node_timeout = node_timeout
+        # Hollow nodes (tests, benchmarks) take sandboxes only when the config says so.
+        self.accept_hollow = accept_hollow
         self._deciding = asyncio.Lock()
         self._view: _View | None = None
         self._mine: dict[str, _Placed] = {}
@@ -61,7 +70,8 @@ class Placer:
 
     async def place(self, wanted: Wanted, exclude: str = "") -> tuple[list[NodeInfo], str]:
         """The candidates for `wanted`, best first (never `exclude`), and a placement
-        reserved on the first; AtCapacity (429) when none has room."""
+        reserved on the first; AtCapacity (429) when none has room, Unavailable (503)
+        when no node is up."""
         self._arrivals += 1
         arrival = self._arrivals
         async with self._deciding:
@@ -73,6 +83,10 @@ class Placer:
             found = candidates(view.nodes, wanted, time.time(), self.node_timeout, reserved)
             found = [n for n in found if n.name != exclude]
             if not found:
+                now = time.time()
+                if not any(n.state.places and n.silent_for(now) < self.node_timeout
+                           for n in view.nodes):  # fmt: skip
+                    raise Unavailable("no node is up to place the sandbox on")
                 raise AtCapacity("no node has room for the sandbox")
             placement = self._start(found[0], wanted)
         await self._write(placement)
@@ -113,7 +127,7 @@ class Placer:
         if view is not None and arrival <= view.arrivals and now - view.read_at < VIEW_TTL:
             return view
         arrivals = self._arrivals
-        nodes = await self.nodes.list()
+        nodes = [n for n in await self.nodes.list() if self.accept_hollow or not n.capacity.hollow]
         outstanding = await self.ledger.outstanding()
         reserved: dict[str, Reserved] = {}
         for row in outstanding:

@@ -63,19 +63,28 @@ class ControlPlane:
         self.templates = TemplateRegistry(objects)
         self.snapshots = SnapshotRegistry(objects)
         self.placements = PlacementLedger(engine)
-        self.placer = Placer(self.nodes, self.placements, cfg.cluster.node_timeout)
+        self.placer = Placer(
+            self.nodes,
+            self.placements,
+            cfg.cluster.node_timeout,
+            accept_hollow=cfg.cluster.accept_hollow_nodes,
+        )
         self.lost = LostSandboxes(engine)
         self.client = client
 
     # -- where requests go -------------------------------------------------------------
 
     async def live_nodes(self) -> list[NodeInfo]:
+        """Nodes heard from lately that hold sandboxes; hollow ones only where the config
+        accepts them (a production control plane never sends work to a node without VMs)."""
         now = time.time()
-        timeout = self.cfg.cluster.node_timeout
+        cluster = self.cfg.cluster
         return [
             n
             for n in await self.nodes.list()
-            if n.state.holds_sandboxes and n.silent_for(now) < timeout
+            if n.state.holds_sandboxes
+            and n.silent_for(now) < cluster.node_timeout
+            and (cluster.accept_hollow_nodes or not n.capacity.hollow)
         ]
 
     async def any_node(self) -> NodeInfo:

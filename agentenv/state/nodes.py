@@ -103,6 +103,8 @@ class NodeCapacity:
     layers: list[str] = field(default_factory=list)
     # Snapshots (`name:tag`) whose files it holds.
     snapshots: list[str] = field(default_factory=list)
+    # A hollow node (tests, benchmarks): its sandboxes have no guest.
+    hollow: bool = False
 
     @property
     def free_memory_mb(self) -> int:

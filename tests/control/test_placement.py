@@ -30,11 +30,11 @@ def test_only_live_active_nodes_with_room_are_candidates() -> None:
     assert names(candidates(nodes, Wanted(512), NOW, timeout=15)) == ["ok"]
 
 
-def test_locality_comes_before_spread() -> None:
+def test_locality_comes_before_spread_within_a_margin() -> None:
     nodes = [
         node("empty", 4000),
-        node("has-layer", 2000, layers=["top"]),
-        node("has-snapshot", 1800, snapshots=["s:1"]),
+        node("has-layer", 3800, layers=["top"]),
+        node("has-snapshot", 3700, snapshots=["s:1"]),
         node("full-with-layer", 600, layers=["top"]),
     ]
     assert names(candidates(nodes, Wanted(512), NOW, 15))[0] == "empty"
@@ -48,6 +48,10 @@ def test_locality_comes_before_spread() -> None:
     )
     # Past LOCAL_LOAD_LIMIT a node holding the layer competes on free memory only.
     assert names(candidates(nodes, wanted, NOW, 15))[-1] == "full-with-layer"
+    # So it does once it is LOCALITY_MARGIN more promised than the least promised node:
+    # a burst does not pile onto the nodes whose heartbeat already shows the template.
+    ahead = [node("empty", 4000), node("has-layer", 3400, layers=["top"])]
+    assert names(candidates(ahead, wanted, NOW, 15)) == ["empty", "has-layer"]
 
 
 def test_equal_nodes_are_spread_by_key() -> None:

@@ -37,8 +37,10 @@ from ...state.lifecycle import State
 from ...state.nodes import NodeRegistry
 from ...state.sandboxes import SandboxRecord, SqlSandboxStore
 from ...storage.blockd import BlockdClient
+from ...storage.blockd.hollow import HollowBlockd
 from ...storage.stores import open_object_store
 from ...vmm.accel import AccelChoice, choose_accel
+from ...vmm.hollow import HollowDriver
 from ...vmm.qemu import QemuDriver, run_dir_for
 from ...volumes.nfs import NfsServer
 from ...volumes.registry import VolumeRegistry
@@ -114,13 +116,17 @@ class Node:
         self._stack = stack
 
     @classmethod
-    async def open(cls, cfg: Config, server_key: bytes | None = None, *, sealer: Sealer) -> Node:
+    async def open(
+        cls, cfg: Config, server_key: bytes | None = None, *, sealer: Sealer, hollow: bool = False
+    ) -> Node:
         """The node's runtime. `server_key`, shared by a cluster's nodes, signs build-file
         upload URLs (`BuildFiles`) and seeds the egress CA; None: one of its own. `sealer`
-        seals hosted credentials at rest (`credentials/sealing.py`)."""
+        seals hosted credentials at rest (`credentials/sealing.py`). A `hollow` node runs
+        all of this over machines that start nothing (`cluster/hollow.py`: tests and
+        benchmarks only): no guest, namespace, block daemon, egress proxy or NFS server."""
         stack = contextlib.AsyncExitStack()
         try:
-            return await cls._open(cfg, stack, server_key, sealer)
+            return await cls._open(cfg, stack, server_key, sealer, hollow)
         except BaseException:
             await stack.aclose()
             raise
@@ -132,24 +138,28 @@ class Node:
         stack: contextlib.AsyncExitStack,
         server_key: bytes | None,
         sealer: Sealer,
+        hollow: bool,
     ) -> Node:
         kit = load_kit(cfg)
         if kit is None:
             raise PermanentlyUnavailable(
                 "the guest kit is not built: run `aenv kit build` (or `make run`)"
             )
-        accel = await asyncio.to_thread(
-            choose_accel,
-            cfg.vmm.accel,
-            cfg.vmm.qemu_binary,
-            kit.kernel,
-            cfg.kit_dir,
-            cfg.vmm.kvm_probe_timeout,
-        )
+        if hollow:
+            accel = AccelChoice(HollowDriver.name, "a hollow node starts no guest")
+        else:
+            accel = await asyncio.to_thread(
+                choose_accel,
+                cfg.vmm.accel,
+                cfg.vmm.qemu_binary,
+                kit.kernel,
+                cfg.kit_dir,
+                cfg.vmm.kvm_probe_timeout,
+            )
         log.info("accelerator: %s (%s)", accel.name, accel.reason)
         objects = open_object_store(cfg)
         templates = TemplateRegistry(objects)
-        blockd = BlockdClient(cfg)
+        blockd = HollowBlockd(cfg) if hollow else BlockdClient(cfg)
         await asyncio.to_thread(blockd.ensure_running)
         catalog = TemplateCatalog(cfg, templates, blockd)
         registry = RegistryClient(
@@ -166,57 +176,34 @@ class Node:
         stack.push_async_callback(store.close)
         credentials = Credentials.on(store.engine, store, sealer, IdentitySettings.of(cfg))
         await credentials.open()
-        driver = QemuDriver(
-            cfg.vmm.qemu_binary,
-            accel.name,
-            run_dir_for(cfg.home),
-            merge_pages=cfg.sandbox.merge_identical_pages,
-            translation_buffer_mb=cfg.vmm.tcg_translation_buffer_mb,
-        )
+        if hollow:
+            host = MachineHost.hollow()
+        else:
+            host = MachineHost.linux(
+                QemuDriver(
+                    cfg.vmm.qemu_binary,
+                    accel.name,
+                    run_dir_for(cfg.home),
+                    merge_pages=cfg.sandbox.merge_identical_pages,
+                    translation_buffer_mb=cfg.vmm.tcg_translation_buffer_mb,
+                )
+            )
         boot_snapshots = None
-        if cfg.sandbox.boot_snapshots:
+        if cfg.sandbox.boot_snapshots and not hollow:
             boot_snapshots = BootSnapshots(
                 cfg.kit_dir / "boot-snapshots",
                 kit,
-                driver,
+                host.driver,
                 guest_kernel_args(cfg),
                 accel.name,
                 cfg.sandbox.boot_timeout,
             )
             stack.push_async_callback(boot_snapshots.close)
             boot_snapshots.request(Shape(cfg.sandbox.vcpus, cfg.sandbox.memory_mb))
-        manager = SandboxManager(
-            cfg, store, MachineHost.linux(driver), kit, catalog, boot_snapshots
-        )
-        networks = manager.networks
-        authority = EgressAuthority(server_key or secrets.token_bytes(32))
-        networks.trusted_ca = authority.ca_pem
-        egress_proxy = EgressProxy(
-            manager.routes.egress_at,
-            networks.egress,
-            cfg.net.host_subnet,
-            authority=authority,
-            header_values=credentials,
-            upstream_tls=upstream_context(cfg.net.egress_trusted_cas),
-        )
-        proxy_ports = await egress_proxy.start()
-        stack.push_async_callback(egress_proxy.close)
-        networks.tunnels = EgressTunnels(
-            lambda sandbox_id: route.egress if (route := manager.routes.get(sandbox_id)) else None,
-            egress_proxy,
-        )
-        stack.push_async_callback(networks.tunnels.close_all)
-        # Before any namespace's rules are written: they send guests to these ports.
-        networks.egress = dataclasses.replace(networks.egress, proxy=proxy_ports)
-        await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix, proxy_ports)
+        manager = SandboxManager(cfg, store, host, kit, catalog, boot_snapshots)
         volumes = Volumes(VolumeRegistry(store.engine), cfg.volumes_dir, cfg.node_name)
-        nfs = NfsServer(cfg)
-        # A crashed node's server goes; the recovery below starts a new one if a
-        # sandbox still mounts a volume.
-        await nfs.stop()
-        stack.push_async_callback(nfs.stop)
-        networks.egress = dataclasses.replace(networks.egress, nfs_server=IPv4Address(nfs.address))
-        networks.exports = VolumeExports(store, volumes, nfs, networks.plan)
+        if not hollow:
+            await _open_egress_and_exports(cfg, stack, manager, volumes, credentials, server_key)
         await recover(manager)
         uploads = Uploads(manager, objects)
         stack.push_async_callback(uploads.close)
@@ -263,7 +250,7 @@ class Node:
                 f"template '{CODE_INTERPRETER}' not found (server.code_interpreter is off)"
             )
         if cfg.server.role == "node":
-            presence = NodePresence(nodes, manager, snapshots, blockd)
+            presence = NodePresence(nodes, manager, snapshots, blockd, hollow=hollow)
             await presence.register()
             tasks.append(presence.run(cfg.cluster.heartbeat_interval))
         for task in tasks:
@@ -293,6 +280,46 @@ class Node:
 
     async def close(self) -> None:
         await self._stack.aclose()
+
+
+async def _open_egress_and_exports(
+    cfg: Config,
+    stack: contextlib.AsyncExitStack,
+    manager: SandboxManager,
+    volumes: Volumes,
+    credentials: Credentials,
+    server_key: bytes | None,
+) -> None:
+    """The node's egress proxy and host chains, and its NFS server for volumes: what its
+    sandboxes' namespaces lead to, in place before any namespace is made or recovered."""
+    networks = manager.networks
+    authority = EgressAuthority(server_key or secrets.token_bytes(32))
+    networks.trusted_ca = authority.ca_pem
+    egress_proxy = EgressProxy(
+        manager.routes.egress_at,
+        networks.egress,
+        cfg.net.host_subnet,
+        authority=authority,
+        header_values=credentials,
+        upstream_tls=upstream_context(cfg.net.egress_trusted_cas),
+    )
+    proxy_ports = await egress_proxy.start()
+    stack.push_async_callback(egress_proxy.close)
+    networks.tunnels = EgressTunnels(
+        lambda sandbox_id: route.egress if (route := manager.routes.get(sandbox_id)) else None,
+        egress_proxy,
+    )
+    stack.push_async_callback(networks.tunnels.close_all)
+    # Before any namespace's rules are written: they send guests to these ports.
+    networks.egress = dataclasses.replace(networks.egress, proxy=proxy_ports)
+    await ensure_host_forwarding(cfg.net.host_subnet, cfg.net.name_prefix, proxy_ports)
+    nfs = NfsServer(cfg)
+    # A crashed node's server goes; the recovery below starts a new one if a
+    # sandbox still mounts a volume.
+    await nfs.stop()
+    stack.push_async_callback(nfs.stop)
+    networks.egress = dataclasses.replace(networks.egress, nfs_server=IPv4Address(nfs.address))
+    networks.exports = VolumeExports(manager.store, volumes, nfs, networks.plan)
 
 
 async def _cancelled(task: asyncio.Task[None]) -> None:

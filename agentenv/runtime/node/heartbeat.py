@@ -31,8 +31,11 @@ class NodePresence:
         snapshots: SandboxSnapshots,
         blockd: BlockdClient,
         stop: Callable[[], None] | None = None,
+        *,
+        hollow: bool = False,
     ) -> None:
         self.registry = registry
+        self.hollow = hollow
         self.manager = manager
         self.snapshots = snapshots
         self.blockd = blockd
@@ -58,6 +61,7 @@ class NodePresence:
             paused=sum(PUBLIC_STATE[r.state] == "paused" for r in records),
             layers=[m["layers"][-1] for m in mounts.get("mounts", []) if m.get("layers")],
             snapshots=await asyncio.to_thread(self.snapshots.local_ids),
+            hollow=self.hollow,
         )
 
     async def register(self) -> None:
