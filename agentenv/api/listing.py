@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 from urllib.parse import parse_qsl, unquote
 
 from fastapi import Query, Response
 
 from ..errors import InvalidInput
 from ..guest.agent import ENVD_VERSION
-from ..state.lifecycle import PUBLIC_STATE
+from ..state.lifecycle import PUBLIC_STATE, State
 from ..state.sandboxes import SandboxRecord
 from .models import ListedSandbox
 from .pagination import decode_cursor, encode_cursor
@@ -109,6 +110,42 @@ def listed_page(
             records = [r for r in records if (r.started_at, r.sandbox_id) > cursor]
     page = records[: query.limit]
     if len(records) > query.limit:
+        response.headers["x-next-token"] = encode_cursor(page[-1].started_at, page[-1].sandbox_id)
+    return [ListedSandbox(**listed_fields(r)) for r in page]
+
+
+class PageReader(Protocol):
+    """A store's records in listing order from a cursor (`SqlSandboxStore.page`)."""
+
+    async def __call__(
+        self,
+        after: tuple[datetime, str] | None,
+        limit: int,
+        *,
+        descending: bool = False,
+        states: Collection[State] = (),
+    ) -> list[SandboxRecord]: ...
+
+
+async def listed_page_of(
+    read: PageReader, response: Response, query: ListQuery
+) -> list[ListedSandbox]:
+    """`listed_page` over a store too large to read whole: from the cursor on, a page and
+    one more at a time, until a page and one more pass the filters or the store ends."""
+    states = [
+        s for s in State if s.visible and (not query.states or PUBLIC_STATE[s] in query.states)
+    ]
+    after = decode_cursor(query.next_token) if query.next_token else None
+    descending = query.order == "desc"
+    found: list[SandboxRecord] = []
+    while len(found) <= query.limit:
+        read_now = await read(after, query.limit + 1, descending=descending, states=states)
+        found += [r for r in read_now if query.admits(r)]
+        if len(read_now) <= query.limit:
+            break
+        after = (read_now[-1].started_at, read_now[-1].sandbox_id)
+    page = found[: query.limit]
+    if len(found) > query.limit:
         response.headers["x-next-token"] = encode_cursor(page[-1].started_at, page[-1].sandbox_id)
     return [ListedSandbox(**listed_fields(r)) for r in page]
 

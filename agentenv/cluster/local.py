@@ -253,15 +253,19 @@ class LocalCluster:
         state.members.append(Member("control", "control", pid, port, log, home=str(home)))
         self._save(state)
 
-    def add_hollow(self, count: int, timeout: float = 600.0) -> Member:
-        """`count` hollow nodes (`hollow.py`) in one more process, once the control plane
-        sees them: it must accept them (AENV_CLUSTER_ACCEPT_HOLLOW_NODES in `env`)."""
+    def add_hollow(
+        self, count: int, env_overrides: dict[str, str] | None = None, timeout: float = 600.0
+    ) -> Member:
+        """`count` hollow nodes (`hollow.py`) in one more process, with settings of their
+        own (`env_overrides`), once the control plane sees them: it must accept them
+        (AENV_CLUSTER_ACCEPT_HOLLOW_NODES in the cluster's `env`)."""
         state = self.load()
         if state is None:
             raise ClusterError(f"no cluster is up in {self.directory}")
         first = 1 + max((m.index + m.nodes - 1 for m in state.members if m.nodes), default=0)
         home = self.directory / "hollow"
         env = {**self._common_env(state, 0), "AENV_HOME": str(home), "AENV_SERVER_ROLE": "node"}
+        env |= env_overrides or {}
         argv = [sys.executable, "-m", "agentenv.cluster.hollow", "--first", str(first)]
         argv += ["--count", str(count), "--home", str(home)]
         name = f"hollow-{first:03d}+{count}"

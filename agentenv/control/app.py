@@ -29,7 +29,7 @@ from ..api.errors import error_response, install_error_handlers
 from ..api.idempotency import CONTROL, IdempotentOperations
 from ..api.identity import public_router
 from ..api.limits import BodyLimit
-from ..api.listing import ListQuery, list_query, listed_page, running_listed
+from ..api.listing import ListQuery, list_query, listed_page_of, running_listed
 from ..api.models import ListedSandbox, SandboxDetail, SandboxesWithMetrics
 from ..api.sandboxes import public_domain, sandbox_detail
 from ..api.volumes import CONTENT
@@ -117,9 +117,8 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
         for node in await plane.nodes.list():
             nodes[node.state] = nodes.get(node.state, 0) + 1
         set_counts(NODES, nodes, tuple(NodeState))
-        sandboxes: dict[str, int] = {}
-        for record in await plane.sandboxes.list_all():
-            sandboxes[record.state.value] = sandboxes.get(record.state.value, 0) + 1
+        counts = await plane.sandboxes.count_by_state()
+        sandboxes = {state.value: count for state, count in counts.items()}
         set_counts(SANDBOXES, sandboxes, tuple(state.value for state in State))
         return Response(exposition(), media_type=CONTENT_TYPE)
 
@@ -163,7 +162,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     async def list_sandboxes_v2(
         plane: Plane, response: Response, query: Annotated[ListQuery, Depends(list_query)]
     ) -> list[ListedSandbox]:
-        return listed_page(await plane.visible_sandboxes(), response, query)
+        return await listed_page_of(plane.sandboxes.page, response, query)
 
     @protected.get("/sandboxes")
     async def list_sandboxes_v1(plane: Plane, metadata: str | None = None) -> list[ListedSandbox]:

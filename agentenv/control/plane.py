@@ -291,15 +291,17 @@ class ControlPlane:
                 "node %s is lost: it did not heartbeat for %ss", name, self.cfg.cluster.node_timeout
             )
         lost = {n.name for n in await self.nodes.list() if not n.state.holds_sandboxes}
-        for record in await self.sandboxes.list_all():
-            if record.node not in lost:
-                continue
-            if record.stored and allows(record.state, Event.ADOPT):
-                continue  # it resumes on another node
-            # Its VM (or unsaved state) was on the lost node: the sandbox is gone, and
-            # its loss is recorded for its users and operators.
-            if await self.sandboxes.forget(record):
-                log.warning("sandbox %s was lost with node %s", record.sandbox_id, record.node)
+        if not lost:
+            return
+        # Its VM (or unsaved state) was on the lost node: the sandbox is gone, and its loss
+        # is recorded for its users and operators. A stored paused one resumes elsewhere.
+        gone = [
+            record
+            for record in await self.sandboxes.on_nodes(lost)
+            if not (record.stored and allows(record.state, Event.ADOPT))
+        ]
+        for sandbox_id in await self.sandboxes.forget(gone) if gone else []:
+            log.warning("sandbox %s was lost with its node", sandbox_id)
 
 
 def _message(answer: httpx.Response) -> str:

@@ -48,6 +48,10 @@ RELAYED = Counter(
     "Requests the control plane sent on to nodes, by kind and status",
     ["kind", "status"],
 )
+STATE_STATEMENTS = Counter(
+    "aenv_state_statements_total",
+    "SQL statements this process sent to the state store",
+)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -9,9 +9,9 @@ import contextlib
 import copy
 import fcntl
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from ..observe.metrics import STATE_STATEMENTS
 from .lifecycle import State
 from .lost import lost_row
 from .schema import lost_sandboxes, sandboxes
@@ -188,6 +189,7 @@ def _migrate(connection: sa.Connection) -> None:
 async def open_engine(url: str) -> AsyncEngine:
     """An engine on the store at `url`, its schema migrated to this version's."""
     engine = create_async_engine(engine_url(url))
+    sa.event.listen(engine.sync_engine, "before_cursor_execute", _counted)
     if engine.dialect.name == "sqlite":
         if engine.url.database:
             Path(engine.url.database).parent.mkdir(parents=True, exist_ok=True)
@@ -212,6 +214,10 @@ async def _sqlite_file_lock(engine: AsyncEngine) -> AsyncIterator[None]:
     with open(engine.url.database + ".migrating", "a") as held:
         await asyncio.to_thread(fcntl.flock, held, fcntl.LOCK_EX)
         yield
+
+
+def _counted(*_: Any) -> None:
+    STATE_STATEMENTS.inc()
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _: Any) -> None:
@@ -271,6 +277,40 @@ class SqlSandboxStore:
         order = (sandboxes.c.started_at, sandboxes.c.sandbox_id)
         return await self._rows(sa.select(sandboxes).order_by(*order))
 
+    async def page(
+        self,
+        after: tuple[datetime, str] | None,
+        limit: int,
+        *,
+        descending: bool = False,
+        states: Collection[State] = (),
+    ) -> builtins.list[SandboxRecord]:
+        """Every node's records (in `states`, if any) after the `(started_at, sandbox_id)`
+        cursor in listing order, at most `limit`: one page read by the index alone. Times
+        are compared as stored, ISO text in UTC, whose order is theirs."""
+        key = sa.tuple_(sandboxes.c.started_at, sandboxes.c.sandbox_id)
+        query = sa.select(sandboxes)
+        if after is not None:
+            cursor = sa.tuple_(
+                sa.literal(after[0].astimezone(UTC).isoformat()), sa.literal(after[1])
+            )
+            query = query.where(key < cursor if descending else key > cursor)
+        if states:
+            query = query.where(sandboxes.c.state.in_([s.value for s in states]))
+        columns = (sandboxes.c.started_at, sandboxes.c.sandbox_id)
+        order = [c.desc() for c in columns] if descending else list(columns)
+        return await self._rows(query.order_by(*order).limit(limit))
+
+    async def on_nodes(self, names: Collection[str]) -> builtins.list[SandboxRecord]:
+        """The records of the nodes `names`."""
+        return await self._rows(sa.select(sandboxes).where(sandboxes.c.node.in_(list(names))))
+
+    async def count_by_state(self) -> dict[State, int]:
+        """How many records each state has, every node's."""
+        query = sa.select(sandboxes.c.state, sa.func.count()).group_by(sandboxes.c.state)
+        async with self.engine.connect() as connection:
+            return {State(state): count for state, count in await connection.execute(query)}
+
     async def get_any(self, sandbox_id: str) -> SandboxRecord | None:
         """The record whichever node it belongs to."""
         rows = await self._rows(sa.select(sandboxes).where(sandboxes.c.sandbox_id == sandbox_id))
@@ -302,22 +342,27 @@ class SqlSandboxStore:
             record.node, record.slot, record.state, record.vm = self.node, slot, state, vm
         return bool(taken)
 
-    async def forget(self, record: SandboxRecord) -> bool:
-        """Delete another node's record, unless it changed meanwhile, and record its loss
-        (the control plane drops the sandboxes a lost node took with it)."""
-        mine = sa.and_(
-            sandboxes.c.sandbox_id == record.sandbox_id,
-            sandboxes.c.node == record.node,
-            sandboxes.c.state == record.state.value,
-        )
-        row = lost_row(
-            record.sandbox_id, record.node, record.template_id, record.state, record.metadata
-        )
+    async def forget(self, records: builtins.list[SandboxRecord]) -> builtins.list[str]:
+        """Delete other nodes' records, each unless it changed meanwhile, and record their
+        loss, in one transaction (the control plane drops the sandboxes a lost node took
+        with it); the ids forgotten."""
+        forgotten = []
         async with self.engine.begin() as connection:
-            if not (await connection.execute(sa.delete(sandboxes).where(mine))).rowcount:
-                return False
-            await connection.execute(sa.insert(lost_sandboxes).values(**row))
-        return True
+            for record in records:
+                mine = sa.and_(
+                    sandboxes.c.sandbox_id == record.sandbox_id,
+                    sandboxes.c.node == record.node,
+                    sandboxes.c.state == record.state.value,
+                )
+                if not (await connection.execute(sa.delete(sandboxes).where(mine))).rowcount:
+                    continue
+                row = lost_row(
+                    record.sandbox_id, record.node, record.template_id, record.state,
+                    record.metadata,
+                )  # fmt: skip
+                await connection.execute(sa.insert(lost_sandboxes).values(**row))
+                forgotten.append(record.sandbox_id)
+        return forgotten
 
     async def _update_rows(self, statement: sa.Update | sa.Delete) -> int:
         async with self.engine.begin() as connection:

@@ -47,6 +47,8 @@ sandboxes = sa.Table(
     sa.Column("agent_unresponsive_at_pause", sa.Boolean, nullable=False, server_default=sa.false()),
     # A network slot is a node's: two nodes may both use slot 0.
     sa.UniqueConstraint("node", "slot", name="sandboxes_node_slot"),
+    # Listings page through every node's sandboxes in this order (`page`).
+    sa.Index("ix_sandboxes_started", "started_at", "sandbox_id"),
 )
 
 # Sandboxes a lost node took with it (`lost.py`): their row in `sandboxes` is gone, this

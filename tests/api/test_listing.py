@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from fastapi import Response
 
-from agentenv.api.listing import list_query, listed_page
+from agentenv.api.listing import list_query, listed_page, listed_page_of
 from agentenv.errors import InvalidInput
 from agentenv.state.lifecycle import State
 from agentenv.state.sandboxes import SandboxRecord
@@ -60,3 +60,35 @@ def test_pages_follow_the_cursor() -> None:
 def test_an_unknown_state_is_refused() -> None:
     with pytest.raises(InvalidInput, match="unknown state filter"):
         list_query(state=["running,sleeping"])
+
+
+async def test_a_store_read_a_page_at_a_time_lists_the_same() -> None:
+    """`listed_page_of` (the control plane's, over a store too large to read whole) pages
+    exactly as `listed_page` does, also when filters drop whole reads."""
+    many = [record(f"i{n:02d}", n % 7, metadata={"run": str(n % 3)}) for n in range(30)]
+    many += RECORDS
+
+    async def read(after, limit, *, descending=False, states=()):
+        ordered = sorted(many, key=lambda r: (r.started_at, r.sandbox_id), reverse=descending)
+        if after is not None:
+            ordered = [r for r in ordered
+                       if ((r.started_at, r.sandbox_id) < after if descending
+                           else (r.started_at, r.sandbox_id) > after)]  # fmt: skip
+        return [r for r in ordered if not states or r.state in states][:limit]
+
+    for params in ({}, {"order": "asc"}, {"metadata": "run=2"}, {"state": ["paused"]}):
+        for limit in (1, 4, 100):
+            pages, whole, token = [], [], None
+            while True:
+                query = list_query(**params, limit=limit, nextToken=token)
+                response = Response()
+                got = await listed_page_of(read, response, query)
+                expected = listed_page(many, Response(), query)
+                assert [s.sandboxID for s in got] == [s.sandboxID for s in expected]
+                pages.append(got)
+                whole += [s.sandboxID for s in got]
+                token = response.headers.get("x-next-token")
+                if not token:
+                    break
+            everything = listed_page(many, Response(), list_query(**params, limit=100))
+            assert whole == [s.sandboxID for s in everything][: len(whole)]

@@ -27,9 +27,9 @@ async def test_a_forgotten_sandbox_is_recorded_lost_then_pruned(
     try:
         await node.insert(BASE)
         stale = dataclasses.replace(BASE, state=State.RUNNING)
-        assert not await control.forget(stale)  # it changed meanwhile: nothing happens
+        assert await control.forget([stale]) == []  # it changed meanwhile: nothing happens
         assert await lost.list() == []
-        assert await control.forget(BASE)
+        assert await control.forget([BASE]) == ["x"]
         assert await node.get("x") is None
         gone = await lost.get("x")
         assert gone is not None and gone.metadata == {"run": "7"}

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import IntegrityError
 
+from agentenv.state.lifecycle import State
 from agentenv.state.sandboxes import SandboxRecord, SqlSandboxStore
 
 
@@ -108,3 +109,34 @@ async def test_a_store_an_older_server_made_gains_the_new_columns(tmp_path: Path
     assert changed is not None
     assert (changed.pause_mode, changed.guest) == ("filesystem", {"user": "user"})
     await store.close()
+
+
+async def test_pages_follow_the_listing_order_on_every_node(state_url: str) -> None:
+    """Keyset pages in both directions equal the records sorted by (started_at, id), times
+    with and without a fraction of a second included; states filter; nodes and counts."""
+    stores = [await SqlSandboxStore.open(state_url, node) for node in ("n1", "n2")]
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    made = []
+    for i in range(23):
+        record = _record(f"s{i:02d}", i)
+        # Ties on time, whole seconds and fractions of one.
+        record.started_at = start + timedelta(seconds=i // 3, microseconds=(i % 2) * 500)
+        record.state = "running" if i % 4 else "paused"
+        await stores[i % 2].insert(record)
+        made.append(record)
+    store = stores[0]
+    for descending in (False, True):
+        expected = sorted(made, key=lambda r: (r.started_at, r.sandbox_id), reverse=descending)
+        seen, after = [], None
+        while page := await store.page(after, 5, descending=descending):
+            seen += page
+            after = (page[-1].started_at, page[-1].sandbox_id)
+        assert [r.sandbox_id for r in seen] == [r.sandbox_id for r in expected]
+    paused = await store.page(None, 100, states=[State.PAUSED])
+    assert [r.sandbox_id for r in paused] == [r.sandbox_id for r in made if r.state == "paused"]
+    assert {r.sandbox_id for r in await store.on_nodes(["n2"])} == {
+        r.sandbox_id for i, r in enumerate(made) if i % 2
+    }
+    assert await store.count_by_state() == {"running": 17, "paused": 6}
+    for each in stores:
+        await each.close()
