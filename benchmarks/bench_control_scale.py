@@ -7,7 +7,7 @@ Side by side in one run:
   the hollow nodes come) and on a hollow one (where the create itself costs little, so
   the control plane's own share shows);
 - populating: creates per second through the control plane;
-- a steady open-loop load of create, get, list-page and kill at `--rate` requests/s:
+- a steady open-loop load of create, get, list-page and kill at each of `--rates`:
   p50/p99 per route (from each request's scheduled start), errors, the control plane's
   CPU seconds and state-store statements per request, PostgreSQL transactions per second;
 - `--lose` hollow nodes killed at once: the time until they are declared lost, and every
@@ -15,7 +15,7 @@ Side by side in one run:
 - listing every sandbox page by page (p50/p99 per page).
 
 Prints JSON lines. Run: `python -m benchmarks.bench_control_scale [--hollow 200]
-[--sandboxes 20000] [--rate 200] [--seconds 60]`.
+[--sandboxes 20000] [--rates 50,100,200] [--seconds 30]`.
 """
 
 from __future__ import annotations
@@ -260,8 +260,8 @@ def main() -> None:
     parser.add_argument("--real", type=int, default=2)
     parser.add_argument("--lose", type=int, default=10)
     parser.add_argument("--sandboxes", type=int, default=20000)
-    parser.add_argument("--rate", type=float, default=200.0)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--rates", default="50,100,200", help="steady rungs, requests/s")
+    parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rounds", type=int, default=8, help="creates each way for the ratio")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="aenv-scale-", dir="/tmp"))
@@ -299,21 +299,26 @@ async def _loaded(state: ClusterState, args: argparse.Namespace) -> None:
     emit(bench="control_scale", phase="populate", sandboxes=len(load.ids),
          creates_per_s=round(rate, 1), errors=dict(load.errors),
          **{f"create_{k}": v for k, v in quantiles(load.times["create"]).items()})  # fmt: skip
+    for rate in (float(r) for r in args.rates.split(",")):
+        await _steady_rung(state, load, rate, args.seconds)
+    await load.client.aclose()
+
+
+async def _steady_rung(state: ClusterState, load: Load, rate: float, seconds: float) -> None:
     load.reset()
     control = state.control
     cpu, said = cpu_seconds(control.pid), statements(control.url)
     transactions, began = await pg_transactions(state.state_url), time.perf_counter()
-    total = await steady(load, args.rate, args.seconds)
+    total = await steady(load, rate, seconds)
     elapsed = time.perf_counter() - began
     cpu, said = cpu_seconds(control.pid) - cpu, statements(control.url) - said
     transactions = await pg_transactions(state.state_url) - transactions
-    emit(bench="control_scale", phase="steady", rate=args.rate, seconds=round(elapsed, 1),
+    emit(bench="control_scale", phase="steady", rate=rate, seconds=round(elapsed, 1),
          requests=total, errors=dict(load.errors),
          control_cpu_ms_per_request=round(1000 * cpu / total, 2),
          state_statements_per_request=round(said / total, 1),
          pg_transactions_per_s=round(transactions / elapsed, 1),
          routes={route: quantiles(times) for route, times in load.times.items()})  # fmt: skip
-    await load.client.aclose()
 
 
 if __name__ == "__main__":

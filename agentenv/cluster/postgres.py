@@ -24,6 +24,9 @@ class PostgresError(RuntimeError):
     """The server could not be set up, started or stopped."""
 
 
+MAX_CONNECTIONS = 1000
+
+
 def _binary(name: str) -> str:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     if not found:
@@ -97,7 +100,10 @@ class LocalPostgres:
             port = int(self._port_file.read_text()) if self._port_file.exists() else free_port()
         self._port_file.write_text(str(port))
         addresses = ",".join(dict.fromkeys(["127.0.0.1", host]))
+        # Each node keeps a pool of its own: hundreds of nodes (hollow ones in benchmarks)
+        # hold more than the default 100 connections.
         options = f"-c listen_addresses={addresses} -p {port} -k {self.data}"
+        options += f" -c max_connections={MAX_CONNECTIONS}"
         log = self.directory / "postgres.log"
         log.touch()
         if os.geteuid() == 0:

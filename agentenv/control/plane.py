@@ -47,6 +47,11 @@ PRUNE_EVERY = 3600
 RELAY_RETRIES = 2
 # Answers of a proxy between here and a node that lost the node's answer.
 _LOST_ON_THE_WAY = (502, 504)
+# Seconds a template's placement hint (its size, snapshot or top layer, from the object
+# store) is reused: a burst of creates reads the store once; a rebuild counts soon after.
+HINT_TTL = 5.0
+# Templates whose hints are kept at most (names come from requests).
+MAX_HINTS = 1024
 # A node's answers that another node may not give: it is full (429) or cannot now (503).
 _NO_ROOM = (429, 503)
 
@@ -71,6 +76,8 @@ class ControlPlane:
         )
         self.lost = LostSandboxes(engine)
         self.client = client
+        # Placement hints by template name, with when they were read.
+        self._hints: dict[str, tuple[float, Wanted]] = {}
 
     # -- where requests go -------------------------------------------------------------
 
@@ -244,6 +251,18 @@ class ControlPlane:
             return unknown  # the node answers it with a 400
         if not isinstance(template, str):
             return unknown
+        now = time.monotonic()
+        hint = self._hints.get(template)
+        if hint is None or now - hint[0] > HINT_TTL:
+            if len(self._hints) >= MAX_HINTS:
+                self._hints.clear()
+            hint = self._hints[template] = (now, await self._hint_for(template, unknown))
+        return dataclasses.replace(hint[1], key=unknown.key)
+
+    async def _hint_for(self, template: str, unknown: Wanted) -> Wanted:
+        """What placement should know of `template`: its snapshot, else its size and
+        disk's top layer, read from the object store."""
+        sandbox = self.cfg.sandbox
         try:
             snapshot = await asyncio.to_thread(self.snapshots.lookup, template)
             if snapshot is not None:

@@ -128,6 +128,19 @@ _DRIVERS = {"sqlite:": "sqlite+aiosqlite:", "postgresql:": "postgresql+asyncpg:"
 _MIGRATION_LOCK = 0x61656E76
 
 
+@dataclass(frozen=True)
+class Footprint:
+    """What a sandbox holds on its node, without the rest of its record: admission, slots
+    and heartbeats read these for every sandbox, as often as a create comes."""
+
+    sandbox_id: str
+    state: State
+    memory_mb: int
+    disk_mb: int
+    vcpus: int
+    slot: int
+
+
 class SandboxStore(Protocol):
     """What a node's runtime needs from state storage: its own records (`node`'s)."""
 
@@ -136,6 +149,7 @@ class SandboxStore(Protocol):
     async def insert(self, record: SandboxRecord) -> None: ...
     async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
     async def list(self) -> list[SandboxRecord]: ...
+    async def footprints(self) -> builtins.list[Footprint]: ...
     async def list_all(self) -> builtins.list[SandboxRecord]: ...
     async def get_any(self, sandbox_id: str) -> SandboxRecord | None: ...
     async def owners(self, sandbox_ids: builtins.list[str]) -> dict[str, str]: ...
@@ -272,6 +286,16 @@ class SqlSandboxStore:
         return await self._rows(
             sa.select(sandboxes).where(sandboxes.c.node == self.node).order_by(*order)
         )
+
+    async def footprints(self) -> builtins.list[Footprint]:
+        """This node's sandboxes' footprints (`Footprint`)."""
+        columns = [getattr(sandboxes.c, f.name) for f in fields(Footprint)]
+        query = sa.select(*columns).where(sandboxes.c.node == self.node)
+        async with self.engine.connect() as connection:
+            return [
+                Footprint(row[0], State(row[1]), *row[2:])
+                for row in await connection.execute(query)
+            ]
 
     async def list_all(self) -> builtins.list[SandboxRecord]:
         order = (sandboxes.c.started_at, sandboxes.c.sandbox_id)

@@ -8,13 +8,13 @@ little about tomorrow. A live floor of free memory and disk protects the host as
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...config import SandboxConfig
 from ...errors import AtCapacity, PermanentlyUnavailable
-from ...state.sandboxes import SandboxRecord
+from ...state.sandboxes import Footprint, SandboxRecord
 
 
 @dataclass(frozen=True)
@@ -33,13 +33,13 @@ class Capacity:
     max_vcpus: int
 
 
-def demand_of(record: SandboxRecord) -> Demand:
+def demand_of(record: SandboxRecord | Footprint) -> Demand:
     # A sandbox's disk holds its overlay and, while paused, its RAM file.
     return Demand(record.memory_mb, record.disk_mb + record.memory_mb, record.vcpus)
 
 
-def committed_by(records: list[SandboxRecord]) -> list[Demand]:
-    """What these sandbox records hold: paused ones hold disk but no memory."""
+def committed_by(records: Sequence[SandboxRecord | Footprint]) -> list[Demand]:
+    """What these sandboxes hold: paused ones hold disk but no memory."""
     return [
         demand_of(r) if r.state.holds_memory else Demand(0, demand_of(r).disk_mb, 0)
         for r in records

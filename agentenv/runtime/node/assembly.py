@@ -250,7 +250,10 @@ class Node:
                 f"template '{CODE_INTERPRETER}' not found (server.code_interpreter is off)"
             )
         if cfg.server.role == "node":
-            presence = NodePresence(nodes, manager, snapshots, blockd, hollow=hollow)
+            # A hollow node declared lost stops its heartbeats only: its process serves
+            # other hollow nodes.
+            stop = (lambda: None) if hollow else None
+            presence = NodePresence(nodes, manager, snapshots, blockd, stop, hollow=hollow)
             await presence.register()
             tasks.append(presence.run(cfg.cluster.heartbeat_interval))
         for task in tasks:

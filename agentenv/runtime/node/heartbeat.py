@@ -44,7 +44,7 @@ class NodePresence:
 
     async def capacity(self) -> NodeCapacity:
         manager = self.manager
-        records = await manager.store.list()
+        records = await manager.store.footprints()
         committed = committed_by(records)
         mounts = await asyncio.to_thread(self.blockd.status)
         cores = os.cpu_count() or 1

@@ -65,8 +65,8 @@ class SandboxIntake:
 
     async def admit(self, demand: Demand, exclude: str | None = None) -> None:
         """Refuse `demand` the host cannot hold beside every other sandbox (under `lock`)."""
-        records = [r for r in await self.store.list() if r.sandbox_id != exclude]
-        committed = committed_by(records)
+        held = [f for f in await self.store.footprints() if f.sandbox_id != exclude]
+        committed = committed_by(held)
         await asyncio.to_thread(
             admit, demand, committed, self.capacity, self.cfg.sandbox, self.cfg.home
         )
@@ -160,7 +160,7 @@ class SandboxIntake:
         """A network slot no record and no warm VM holds (under the lock), and whose
         interfaces are gone (a sandbox that moved to another node may still hold them for
         a moment: `runtime/node/handoff.py`)."""
-        used = {r.slot for r in await self.store.list()} | self._held_slots
+        used = {f.slot for f in await self.store.footprints()} | self._held_slots
         busy = self.networks.slot_busy
         return next(i for i in itertools.count() if i not in used and not busy(i))
 
