@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,10 @@ _BUILD_BASE = "run `aenv kit build` (or `make run`) on a node"
 E2B_BASE_IMAGES = frozenset(
     {"e2bdev/base", "e2bdev/base:latest", "docker.io/e2bdev/base", "docker.io/e2bdev/base:latest"}
 )
+
+
+# Seconds a published `base` is taken as found before the object store is asked again.
+BASE_RECHECK = 5.0
 
 
 def base_in_store(cfg: Config) -> bool:
@@ -63,6 +68,8 @@ class TemplateCatalog:
         self.templates = templates
         self._blockd = blockd
         self._publishing = threading.Lock()
+        # `base` as last found published in this version, and when: creates come often.
+        self._published_base: tuple[float, TemplateRecord] | None = None
 
     def named(self, ref: str) -> str:
         """Blocking: the template a create's `ref` names, `name` or `name:default` (its one
@@ -91,8 +98,12 @@ class TemplateCatalog:
         first node with this version of `base` built publishes it (once: a layer of the
         same content is not written again)."""
         version = base_version(self._cfg)
+        known = self._published_base
+        if known is not None and time.monotonic() - known[0] < BASE_RECHECK:
+            return known[1]
         published = self.templates.find(BASE)
         if published is not None and published.digest == f"base:{version}":
+            self._published_base = (time.monotonic(), published)
             return published
         with self._publishing, write_lease(self.templates.store):
             published = self.templates.find(BASE)

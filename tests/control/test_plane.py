@@ -319,3 +319,30 @@ async def test_a_burst_is_decided_from_one_read_a_lone_create_reads_afresh(
         # A lone decision read afresh: it saw the node that just came.
         assert reads == burst_reads + 1 and nodes[0].name == "n3"
     await engine.dispose()
+
+
+async def test_hollow_nodes_take_sandboxes_only_where_the_config_accepts_them(
+    tmp_path: Path, state_url: str
+) -> None:
+    """A production control plane (the default config) neither counts nor places on a
+    hollow node; one that accepts them does; with no node up a create is a 503."""
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient() as client:
+        cfg = Config()
+        cfg.paths.home = str(tmp_path)
+        production = ControlPlane(cfg, engine, client)
+        with pytest.raises(Unavailable, match="no node is up"):
+            await production.placer.place(Wanted(memory_mb=512))
+        hollow = NodeCapacity(memory_mb=8192, hollow=True)
+        await production.nodes.register("h1", "http://h1", hollow)
+        assert await production.live_nodes() == []
+        with pytest.raises(Unavailable, match="no node is up"):
+            await production.placer.place(Wanted(memory_mb=512))
+        accepting = Config()
+        accepting.paths.home = str(tmp_path)
+        accepting.cluster.accept_hollow_nodes = True
+        bench = ControlPlane(accepting, engine, client)
+        assert [n.name for n in await bench.live_nodes()] == ["h1"]
+        nodes, _ = await bench.placer.place(Wanted(memory_mb=512))
+        assert [n.name for n in nodes] == ["h1"]
+    await engine.dispose()
