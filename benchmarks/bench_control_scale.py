@@ -49,6 +49,9 @@ ENV = {
     "AENV_SANDBOX_MEMORY_OVERCOMMIT": "0.1",
     "AENV_SERVER_CODE_INTERPRETER": "false",
     "AENV_SERVER_LOG_FORMAT": "text",
+    # Hundreds of nodes share this machine's two cores here (each has its own in a real
+    # cluster): a node's heartbeat may wait its turn for longer than the default 15 s.
+    "AENV_CLUSTER_NODE_TIMEOUT": "60",
 }
 HOLLOW_ENV = {"AENV_SANDBOX_MEMORY_OVERCOMMIT": "8", "AENV_SANDBOX_DISK_OVERCOMMIT": "100"}
 # Long enough that no sandbox of the run times out.
@@ -287,11 +290,6 @@ def main() -> None:
         state = local.load() or state
         emit(bench="control_scale", phase="hollow_up", hollow_nodes=args.hollow,
              seconds=round(time.perf_counter() - started, 1))  # fmt: skip
-        hollow_url = next(n["url"] for n in httpx.get(
-            f"{state.control.url}/nodes", headers={"X-API-Key": state.api_key}).json()
-            if n["capacity"]["hollow"])  # fmt: skip
-        emit(bench="control_scale", phase="create_hollow_node",
-             **create_ratio(state, hollow_url, args.rounds))  # fmt: skip
         asyncio.run(_loaded(state, args))
         names = {f"hollow-{i:03d}" for i in range(doomed.index, doomed.index + doomed.nodes)}
         emit(bench="control_scale", phase="lose", **lose_nodes(state, doomed.pid, names))
@@ -309,6 +307,13 @@ async def _loaded(state: ClusterState, args: argparse.Namespace) -> None:
     emit(bench="control_scale", phase="populate", sandboxes=len(load.ids),
          creates_per_s=round(rate, 1), errors=dict(load.errors),
          **{f"create_{k}": v for k, v in quantiles(load.times["create"]).items()})  # fmt: skip
+    # Now that the real nodes are full and every hollow node holds `base`, the control
+    # plane places on hollow nodes like the one a create goes straight to.
+    hollow_url = next(n["url"] for n in httpx.get(
+        f"{state.control.url}/nodes", headers={"X-API-Key": state.api_key}).json()
+        if n["capacity"]["hollow"])  # fmt: skip
+    emit(bench="control_scale", phase="create_hollow_node",
+         **await asyncio.to_thread(create_ratio, state, hollow_url, args.rounds))  # fmt: skip
     for rate in (float(r) for r in args.rates.split(",")):
         await _steady_rung(state, load, rate, args.seconds)
     await load.client.aclose()

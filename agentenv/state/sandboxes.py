@@ -21,7 +21,7 @@ from alembic.config import Config as AlembicConfig
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..observe.metrics import STATE_STATEMENTS
-from .lifecycle import State
+from .lifecycle import AT_REST, EXPIRES, State
 from .lost import lost_row
 from .schema import lost_sandboxes, sandboxes
 
@@ -141,6 +141,16 @@ class Footprint:
     slot: int
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A sandbox's time and VM, which the sweeper reads every second for each one."""
+
+    sandbox_id: str
+    state: State
+    end_at: datetime
+    vm: dict[str, Any] | None
+
+
 class SandboxStore(Protocol):
     """What a node's runtime needs from state storage: its own records (`node`'s)."""
 
@@ -150,6 +160,8 @@ class SandboxStore(Protocol):
     async def get(self, sandbox_id: str) -> SandboxRecord | None: ...
     async def list(self) -> list[SandboxRecord]: ...
     async def footprints(self) -> builtins.list[Footprint]: ...
+    async def leases(self) -> builtins.list[Lease]: ...
+    async def unstored(self) -> builtins.list[SandboxRecord]: ...
     async def list_all(self) -> builtins.list[SandboxRecord]: ...
     async def get_any(self, sandbox_id: str) -> SandboxRecord | None: ...
     async def owners(self, sandbox_ids: builtins.list[str]) -> dict[str, str]: ...
@@ -296,6 +308,30 @@ class SqlSandboxStore:
                 Footprint(row[0], State(row[1]), *row[2:])
                 for row in await connection.execute(query)
             ]
+
+    async def leases(self) -> builtins.list[Lease]:
+        """This node's sandboxes' leases (`Lease`) in states that expire."""
+        columns = (sandboxes.c.sandbox_id, sandboxes.c.state, sandboxes.c.end_at, sandboxes.c.vm)
+        query = sa.select(*columns).where(
+            sandboxes.c.node == self.node, sandboxes.c.state.in_([s.value for s in EXPIRES])
+        )
+        async with self.engine.connect() as connection:
+            return [
+                Lease(
+                    i, State(s), datetime.fromisoformat(end), None if vm is None else json.loads(vm)
+                )
+                for i, s, end, vm in await connection.execute(query)
+            ]
+
+    async def unstored(self) -> builtins.list[SandboxRecord]:
+        """This node's paused sandboxes whose state is not in the object store yet."""
+        return await self._rows(
+            sa.select(sandboxes).where(
+                sandboxes.c.node == self.node,
+                sandboxes.c.state.in_([s.value for s in AT_REST]),
+                sandboxes.c.stored == sa.false(),
+            )
+        )
 
     async def list_all(self) -> builtins.list[SandboxRecord]:
         order = (sandboxes.c.started_at, sandboxes.c.sandbox_id)

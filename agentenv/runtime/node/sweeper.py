@@ -17,15 +17,16 @@ log = logging.getLogger(__name__)
 async def sweep_once(pauses: SandboxPauses) -> None:
     """Kill expired sandboxes (pause those created with autoPause); forget dead ones."""
     manager = pauses.manager
-    for record in await manager.store.list():
-        if not record.state.expires:
-            continue
-        expired = record.end_at <= now()
-        handle = VmHandle.from_dict(record.vm) if record.vm is not None else None
+    for lease in await manager.store.leases():
+        expired = lease.end_at <= now()
+        handle = VmHandle.from_dict(lease.vm) if lease.vm is not None else None
         dead = handle is not None and not manager.driver.is_alive(handle)
         if handle is not None and not dead:
             manager.driver.trim_log(handle)
         if not (expired or dead):
+            continue
+        record = await manager.store.get(lease.sandbox_id)
+        if record is None:
             continue
         if dead:
             log.warning("sandbox %s: VM exited on its own; removing it", record.sandbox_id)

@@ -181,9 +181,9 @@ class Uploads:
 
     async def scan(self) -> None:
         """Start an upload for each paused sandbox whose files are not stored yet."""
-        for record in await self.manager.store.list():
+        for record in await self.manager.store.unstored():
             key = record.sandbox_id
-            if not record.state.at_rest or record.stored or key in self._busy:
+            if key in self._busy:
                 continue
             if time.monotonic() < self._retry_at.get(key, 0.0):
                 continue
