@@ -309,9 +309,8 @@ async def _loaded(state: ClusterState, args: argparse.Namespace) -> None:
          **{f"create_{k}": v for k, v in quantiles(load.times["create"]).items()})  # fmt: skip
     # Now that the real nodes are full and every hollow node holds `base`, the control
     # plane places on hollow nodes like the one a create goes straight to.
-    hollow_url = next(n["url"] for n in httpx.get(
-        f"{state.control.url}/nodes", headers={"X-API-Key": state.api_key}).json()
-        if n["capacity"]["hollow"])  # fmt: skip
+    nodes = (await load.client.get("/nodes")).json()
+    hollow_url = next(n["url"] for n in nodes if n["capacity"]["hollow"])
     emit(bench="control_scale", phase="create_hollow_node",
          **await asyncio.to_thread(create_ratio, state, hollow_url, args.rounds))  # fmt: skip
     for rate in (float(r) for r in args.rates.split(",")):
