@@ -172,6 +172,10 @@ class StateConfig:
     # "postgresql://USER:PASSWORD@HOST:PORT/DB"; empty means <home>/state.db. Nodes that
     # share it (and the object store) resume each other's paused sandboxes.
     url: str = ""
+    # Connections this process opens to a PostgreSQL store at most (a pool of up to 5
+    # kept, the rest opened for a burst): a cluster's processes together stay below the
+    # server's max_connections.
+    max_connections: int = 15
 
 
 @dataclass

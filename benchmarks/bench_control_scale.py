@@ -41,19 +41,25 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from agentenv.cluster.local import ClusterState, LocalCluster
 from agentenv.state.sandboxes import engine_url
 
-# Every server of the cluster. Real nodes promise little memory (a tenth of the host), so
-# only a few real VMs run; hollow nodes get room for their share of the sandboxes.
+# Every server of the cluster. Real nodes promise little memory (3% of the host), so only
+# two real VMs run on each (an idle guest under TCG takes a tenth of a core); hollow
+# nodes get room for their share of the sandboxes.
 ENV = {
     "AENV_CLUSTER_ACCEPT_HOLLOW_NODES": "true",
     "AENV_SANDBOX_MEMORY_MB": "256",
-    "AENV_SANDBOX_MEMORY_OVERCOMMIT": "0.1",
+    "AENV_SANDBOX_MEMORY_OVERCOMMIT": "0.03",
     "AENV_SERVER_CODE_INTERPRETER": "false",
     "AENV_SERVER_LOG_FORMAT": "text",
     # Hundreds of nodes share this machine's two cores here (each has its own in a real
     # cluster): a node's heartbeat may wait its turn for longer than the default 15 s.
     "AENV_CLUSTER_NODE_TIMEOUT": "60",
 }
-HOLLOW_ENV = {"AENV_SANDBOX_MEMORY_OVERCOMMIT": "8", "AENV_SANDBOX_DISK_OVERCOMMIT": "100"}
+HOLLOW_ENV = {
+    "AENV_SANDBOX_MEMORY_OVERCOMMIT": "8",
+    "AENV_SANDBOX_DISK_OVERCOMMIT": "100",
+    # 200 nodes of 3 connections each stay below PostgreSQL's 1000 with the rest.
+    "AENV_STATE_MAX_CONNECTIONS": "3",
+}
 # Long enough that no sandbox of the run times out.
 TIMEOUT = 3600
 # Kinds of request in the steady load, by weight.

@@ -7,12 +7,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import sqlalchemy as sa
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import AenvError, DependencyFailed, ErrorAnswer, error_answer
+from ..state.sandboxes import store_unavailable
 from .models import ErrorBody
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,16 @@ def install_error_handlers(app: FastAPI) -> None:
             "%s %s failed: %s", request.method, request.url.path, answer.message, exc_info=exc
         )
         return error_response(answer)
+
+    @app.exception_handler(sa.exc.SQLAlchemyError)
+    async def _state_store(request: Request, exc: sa.exc.SQLAlchemyError) -> JSONResponse:
+        if not store_unavailable(exc):
+            log.exception("%s %s failed", request.method, request.url.path)
+            return error_response(error_answer(exc))
+        log.warning("%s %s: the state store is unavailable: %s", request.method,
+                    request.url.path, exc)  # fmt: skip
+        answer = ErrorAnswer(503, "the state store cannot take the request now; try again")
+        return error_response(answer, {"Retry-After": "1"})
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

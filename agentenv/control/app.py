@@ -81,7 +81,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = await open_engine(cfg.state_url)
+        engine = await open_engine(cfg.state_url, cfg.state.max_connections)
         app.state.identity = PublicKeys(SqlSigningKeyStore(engine), identity_settings)
         timeout = httpx.Timeout(connect=5.0, read=None, write=None, pool=10.0)
         async with httpx.AsyncClient(trust_env=False, timeout=timeout) as client:

@@ -212,9 +212,32 @@ def _migrate(connection: sa.Connection) -> None:
     command.upgrade(cfg, "head")
 
 
-async def open_engine(url: str) -> AsyncEngine:
-    """An engine on the store at `url`, its schema migrated to this version's."""
-    engine = create_async_engine(engine_url(url))
+# Connections a PostgreSQL engine keeps open between uses, at most.
+KEPT_CONNECTIONS = 5
+# SQLSTATE classes of a store that cannot take the request now (connection exceptions,
+# insufficient resources such as too many clients, operator intervention).
+_UNAVAILABLE_STATES = ("08", "53", "57P")
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` says the state store cannot serve now (busy, refusing connections,
+    restarting) rather than that a statement was wrong."""
+    if isinstance(exc, (sa.exc.TimeoutError, sa.exc.OperationalError, sa.exc.InterfaceError)):
+        return True
+    if isinstance(exc, sa.exc.DBAPIError):
+        sqlstate = str(getattr(exc.orig, "sqlstate", "") or "")
+        return sqlstate.startswith(_UNAVAILABLE_STATES)
+    return False
+
+
+async def open_engine(url: str, max_connections: int = 15) -> AsyncEngine:
+    """An engine on the store at `url`, its schema migrated to this version's; on
+    PostgreSQL it opens at most `max_connections`."""
+    pool: dict[str, int] = {}
+    if url.startswith("postgresql:"):
+        kept = min(KEPT_CONNECTIONS, max_connections)
+        pool = {"pool_size": kept, "max_overflow": max(0, max_connections - kept)}
+    engine = create_async_engine(engine_url(url), **pool)
     sa.event.listen(engine.sync_engine, "before_cursor_execute", _counted)
     if engine.dialect.name == "sqlite":
         if engine.url.database:
@@ -262,10 +285,10 @@ class SqlSandboxStore:
         self.node = node
 
     @classmethod
-    async def open(cls, url: str, node: str) -> SqlSandboxStore:
+    async def open(cls, url: str, node: str, max_connections: int = 15) -> SqlSandboxStore:
         """Open (and migrate) the store; records no node owns yet (a store from before
         nodes had names) become `node`'s."""
-        engine = await open_engine(url)
+        engine = await open_engine(url, max_connections)
         store = cls(engine, node)
         async with engine.begin() as connection:
             await connection.execute(

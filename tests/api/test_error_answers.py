@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from fastapi import FastAPI
 
 from agentenv.api import sandboxes, snapshots
@@ -154,3 +155,40 @@ async def test_the_data_plane_answers_a_failed_wake_as_the_api_does() -> None:
         "message": "the VMM failed: i1: QMP did not answer within 10s",
     }
     assert answer.headers["should-retry"] == "true"
+
+
+class _TooManyClients(Exception):
+    sqlstate = "53300"
+
+
+class _Duplicate(Exception):
+    sqlstate = "23505"
+
+
+@pytest.mark.parametrize(
+    ("raised", "status"),
+    [
+        (sa.exc.TimeoutError("QueuePool limit reached"), 503),
+        (sa.exc.DBAPIError("connect", None, _TooManyClients("too many clients")), 503),
+        (sa.exc.OperationalError("select", None, OSError("connection refused")), 503),
+        (sa.exc.IntegrityError("insert", None, _Duplicate("duplicate key")), 500),
+    ],
+)
+async def test_a_state_store_that_cannot_serve_now_is_a_503_to_retry(
+    raised: Exception, status: int
+) -> None:
+    """A busy or unreachable store (a full pool, too many clients) is a clean 503 with
+    `Retry-After`, as the SDKs retry; a statement that is wrong stays a 500."""
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise raised
+
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        answer = await client.get("/boom")
+    assert answer.status_code == status
+    assert answer.json()["code"] == status
+    assert (answer.headers.get("retry-after") == "1") == (status == 503)

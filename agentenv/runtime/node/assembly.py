@@ -172,7 +172,7 @@ class Node:
         puller = ImagePuller(
             objects, registry, templates, cfg.home / "pull", cfg.sandbox.disk_size_mb * 2**20
         )
-        store = await SqlSandboxStore.open(cfg.state_url, cfg.node_name)
+        store = await SqlSandboxStore.open(cfg.state_url, cfg.node_name, cfg.state.max_connections)
         stack.push_async_callback(store.close)
         credentials = Credentials.on(store.engine, store, sealer, IdentitySettings.of(cfg))
         await credentials.open()
