@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import logging
 import socket
 from pathlib import Path
 
@@ -27,8 +26,6 @@ import uvicorn
 from ..api.app import create_app
 from ..config import Config, load_config
 from ..observe.logs import configure_logging
-
-log = logging.getLogger(__name__)
 
 NAME_PREFIX = "hollow"
 HOLLOW_SUBNET = "127.199.0.0/16"

@@ -65,12 +65,12 @@ class SandboxMachines:
     ) -> None:
         self.cfg = cfg
         self.store = store
-        self.driver = driver = host.driver
+        self.driver = host.driver
         self._agents = host.agents
         self.kit = kit
         self.catalog = catalog
         self.networks = networks
-        self.launcher = VmLauncher(cfg.sandbox, driver, boot_snapshots)
+        self.launcher = VmLauncher(cfg.sandbox, host.driver, boot_snapshots)
 
     def workdir(self, sandbox_id: str) -> Path:
         return self.cfg.sandboxes_dir / sandbox_id
