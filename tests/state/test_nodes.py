@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from agentenv.errors import Conflict
+from agentenv.state import nodes as nodes_module
 from agentenv.state.nodes import (
     NODE_TRANSITIONS,
     NodeCapacity,
@@ -18,7 +17,12 @@ from agentenv.state.nodes import (
 from agentenv.state.sandboxes import open_engine
 
 
-async def test_a_silent_node_is_lost_until_it_registers_again(state_url: str) -> None:
+async def test_a_silent_node_is_lost_until_it_registers_again(
+    state_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The registry's clock, moved by hand: a loaded machine cannot stretch its silences.
+    clock = [1000.0]
+    monkeypatch.setattr(nodes_module.time, "time", lambda: clock[0])
     engine = await open_engine(state_url)
     nodes = NodeRegistry(engine)
     try:
@@ -29,7 +33,7 @@ async def test_a_silent_node_is_lost_until_it_registers_again(state_url: str) ->
         )
         (n1,) = [n for n in await nodes.list() if n.name == "n1"]
         assert (n1.url, n1.capacity.running, n1.capacity.free_memory_mb) == ("http://a:1", 2, 1000)
-        await asyncio.sleep(0.3)
+        clock[0] += 0.3
         await nodes.heartbeat("n2", NodeCapacity())
         assert await nodes.declare_lost(timeout=0.2) == ["n1"]
         assert await nodes.declare_lost(timeout=0.2) == []  # once
