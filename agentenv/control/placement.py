@@ -63,6 +63,11 @@ class Reserved:
 NOTHING = Reserved()
 
 
+def up(node: NodeInfo, now: float, timeout: float) -> bool:
+    """Whether `node` takes new sandboxes: active, and heard from within `timeout`."""
+    return node.state.places and node.silent_for(now) < timeout
+
+
 def candidates(
     nodes: list[NodeInfo],
     wanted: Wanted,
@@ -75,9 +80,7 @@ def candidates(
     fit = [
         n
         for n in nodes
-        if n.state.places
-        and n.silent_for(now) < timeout
-        and free_memory_mb(n, held.get(n.name, NOTHING)) >= wanted.memory_mb
+        if up(n, now, timeout) and free_memory_mb(n, held.get(n.name, NOTHING)) >= wanted.memory_mb
     ]
     least = min((commitment(n, held.get(n.name, NOTHING)) for n in fit), default=0.0)
     limit = min(LOCAL_LOAD_LIMIT, least + LOCALITY_MARGIN)

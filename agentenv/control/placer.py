@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..errors import AtCapacity, Unavailable
 from ..state.nodes import NodeInfo, NodeRegistry
 from ..state.placements import PlacementLedger
-from .placement import Reserved, Wanted, candidates
+from .placement import Reserved, Wanted, candidates, up
 
 # Seconds a read of the nodes and the ledger serves the decisions waiting for it.
 VIEW_TTL = 0.05
@@ -68,6 +68,11 @@ class Placer:
         self._mine: dict[str, _Placed] = {}
         self._arrivals = 0
 
+    def serves(self, node: NodeInfo) -> bool:
+        """Whether this control plane sends `node` work at all (a hollow node only when
+        the config accepts hollow nodes)."""
+        return self.accept_hollow or not node.capacity.hollow
+
     async def place(self, wanted: Wanted, exclude: str = "") -> tuple[list[NodeInfo], str]:
         """The candidates for `wanted`, best first (never `exclude`), and a placement
         reserved on the first; AtCapacity (429) when none has room, Unavailable (503)
@@ -84,8 +89,7 @@ class Placer:
             found = [n for n in found if n.name != exclude]
             if not found:
                 now = time.time()
-                if not any(n.state.places and n.silent_for(now) < self.node_timeout
-                           for n in view.nodes):  # fmt: skip
+                if not any(up(n, now, self.node_timeout) for n in view.nodes):
                     raise Unavailable("no node is up to place the sandbox on")
                 raise AtCapacity("no node has room for the sandbox")
             placement = self._start(found[0], wanted)
@@ -127,7 +131,7 @@ class Placer:
         if view is not None and arrival <= view.arrivals and now - view.read_at < VIEW_TTL:
             return view
         arrivals = self._arrivals
-        nodes = [n for n in await self.nodes.list() if self.accept_hollow or not n.capacity.hollow]
+        nodes = [n for n in await self.nodes.list() if self.serves(n)]
         outstanding = await self.ledger.outstanding()
         reserved: dict[str, Reserved] = {}
         for row in outstanding:

@@ -85,13 +85,11 @@ class ControlPlane:
         """Nodes heard from lately that hold sandboxes; hollow ones only where the config
         accepts them (a production control plane never sends work to a node without VMs)."""
         now = time.time()
-        cluster = self.cfg.cluster
+        timeout = self.cfg.cluster.node_timeout
         return [
             n
             for n in await self.nodes.list()
-            if n.state.holds_sandboxes
-            and n.silent_for(now) < cluster.node_timeout
-            and (cluster.accept_hollow_nodes or not n.capacity.hollow)
+            if n.state.holds_sandboxes and n.silent_for(now) < timeout and self.placer.serves(n)
         ]
 
     async def any_node(self) -> NodeInfo:
