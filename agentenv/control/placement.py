@@ -9,7 +9,8 @@ ledger), so a burst of creates sees each other before any heartbeat does.
 Then locality: a node that already holds what the sandbox starts from (the snapshot's
 files, the template's disk stack in its block daemon, the paused sandbox's files) reads
 nothing from the object store, while what is promised on it is below `LOCAL_LOAD_LIMIT`
-and no more than `LOCALITY_MARGIN` above the least promised candidate's (not its CPU
+and, for a template's disk alone, less than `LOCALITY_MARGIN` above the least promised
+candidate's (not its CPU
 load: nodes sharing a host report one load average, and a busy CPU is best met by
 reading nothing). Then spread:
 the least loaded node, where load is the most used of its memory, its committed vCPUs
@@ -109,15 +110,19 @@ def commitment(node: NodeInfo, held: Reserved) -> float:
 
 
 def _rank(
-    node: NodeInfo, wanted: Wanted, held: Reserved, local_limit: float
+    node: NodeInfo, wanted: Wanted, held: Reserved, disk_limit: float
 ) -> tuple[int, float, float, int]:
     capacity = node.capacity
     full = load(node, held)
-    local = (
-        node.name == wanted.origin
-        or any(s in capacity.snapshot_set for s in wanted.snapshots)
-        or any(layer in capacity.layer_set for layer in wanted.layers)
-    ) and commitment(node, held) < local_limit
+    # A snapshot's or a paused sandbox's files (its whole RAM) cost far more to fetch than
+    # a template's disk, which is read lazily: only the disk's preference is held to the
+    # margin over the least promised node.
+    holds_state = node.name == wanted.origin or any(
+        s in capacity.snapshot_set for s in wanted.snapshots
+    )
+    holds_disk = any(layer in capacity.layer_set for layer in wanted.layers)
+    limit = LOCAL_LOAD_LIMIT if holds_state else disk_limit
+    local = (holds_state or holds_disk) and commitment(node, held) < limit
     # Any stable mix of key and node will do: it only orders equals.
     tie = hash((wanted.key, node.name))
     # Between nodes equally loaded on CPU (nodes sharing a host report one load average),

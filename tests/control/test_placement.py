@@ -52,6 +52,10 @@ def test_locality_comes_before_spread_within_a_margin() -> None:
     # a burst does not pile onto the nodes whose heartbeat already shows the template.
     ahead = [node("empty", 4000), node("has-layer", 3400, layers=["top"])]
     assert names(candidates(ahead, wanted, NOW, 15)) == ["empty", "has-layer"]
+    # A snapshot's files (its whole RAM) are worth more: held to LOCAL_LOAD_LIMIT only.
+    ahead = [node("empty", 4000), node("has-snapshot", 2400, snapshots=["s:1"])]
+    from_snapshot = Wanted(512, snapshots=frozenset({"s:1"}))
+    assert names(candidates(ahead, from_snapshot, NOW, 15))[0] == "has-snapshot"
 
 
 def test_equal_nodes_are_spread_by_key() -> None:
