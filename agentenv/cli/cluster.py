@@ -31,13 +31,15 @@ def cmd_cluster_up(ctx: Context, args: argparse.Namespace) -> int:
         import_attr("agentenv.images.base", "build_base_template")(cfg)
     error = import_attr("agentenv.cluster.local", "ClusterError")
     try:
-        state = _cluster(args).up(args.nodes, port=args.port)
+        state = _cluster(args).up(args.nodes, port=args.port, registry=args.registry)
     except error as exc:
         raise CliError(str(exc)) from exc
     ctx.stdout.write(f"export AENV_API_URL={state.control.url}\n")
     ctx.stdout.write(f"export AENV_API_KEY={state.api_key}\n")
     ctx.stdout.write(f"export E2B_API_URL={state.control.url}\n")
     ctx.stdout.write(f"export E2B_API_KEY={state.api_key}\n")
+    if state.registry:
+        ctx.stdout.write(f"# images pushed to {state.registry} are what the nodes pull\n")
     return 0
 
 

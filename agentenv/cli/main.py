@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=2, help="how many nodes (default 2)")
     p.add_argument("--dir", required=True, help="where the cluster keeps its data and logs")
     p.add_argument("--port", type=int, help="control plane port (default: a free one)")
+    p.add_argument(
+        "--registry", action="store_true", help="run an OCI registry the nodes pull from"
+    )
     _config_arg(p)
     p = _add(group_sub, "status", cluster.cmd_cluster_status, "list the cluster's processes")
     p.add_argument("--dir", required=True)

@@ -33,6 +33,7 @@ from ..volumes.nfs import NfsServer
 from ..wire import API_KEY_HEADER
 from .network import ClusterNetwork
 from .postgres import LocalPostgres, free_port
+from .registry import registry_argv, wait_registry
 
 STATE_FILE = "cluster.json"
 BUCKET = "aenv"
@@ -50,7 +51,7 @@ class Member:
     """One process the cluster started."""
 
     name: str
-    role: str  # control | node | hollow (a process of hollow nodes) | s3
+    role: str  # control | node | hollow (a process of hollow nodes) | s3 | registry
     pid: int
     port: int
     log: str
@@ -74,6 +75,8 @@ class ClusterState:
     network: ClusterNetwork
     state_url: str = ""
     s3_endpoint: str = ""
+    # `host:port` of the cluster's own OCI registry, when it runs one.
+    registry: str = ""
     members: list[Member] = field(default_factory=list)
 
     @property
@@ -128,8 +131,11 @@ class LocalCluster:
 
     # -- up ------------------------------------------------------------------------------
 
-    def up(self, nodes: int, port: int | None = None, timeout: float = 180.0) -> ClusterState:
-        """Start everything and wait until the control plane sees every node."""
+    def up(
+        self, nodes: int, port: int | None = None, timeout: float = 180.0, registry: bool = False
+    ) -> ClusterState:
+        """Start everything and wait until the control plane sees every node; with
+        `registry`, an OCI registry too, on the gateway, that the nodes pull from."""
         if nodes < 0:
             raise ClusterError("a number of nodes cannot be negative")
         existing = self.load()
@@ -142,11 +148,13 @@ class LocalCluster:
         )
         self._save(state)
         try:
-            pg_port, s3_port = free_port(), free_port()
-            state.network.create(open_ports=(pg_port, s3_port))
+            ports = [free_port() for _ in range(3 if registry else 2)]
+            state.network.create(open_ports=ports)
             postgres = LocalPostgres(self.directory / "postgres")
-            state.state_url = postgres.start(pg_port, host=state.network.gateway)
-            self._start_s3(state, s3_port)
+            state.state_url = postgres.start(ports[0], host=state.network.gateway)
+            self._start_s3(state, ports[1])
+            if registry:
+                self._start_registry(state, ports[2])
             for index in range(1, nodes + 1):
                 self._start_node(state, index)
             self._start_control(state, port or free_port())
@@ -197,7 +205,25 @@ class LocalCluster:
                     raise ClusterError(f"the S3 server did not start: {exc}") from exc
                 time.sleep(0.3)
 
+    def _start_registry(self, state: ClusterState, port: int) -> None:
+        address = state.network.gateway
+        argv = registry_argv(self.directory / "registry", address, port)
+        pid, log = self._spawn("registry", argv, dict(os.environ))
+        member = Member("registry", "registry", pid, port, log, address)
+        state.members.append(member)
+        state.registry = f"{address}:{port}"
+        self._save(state)
+        try:
+            wait_registry(member.url, lambda: _alive(pid), 30)
+        except RuntimeError as exc:
+            raise ClusterError(f"{exc}: {Path(log).read_text(errors='replace')[-2000:]}") from exc
+
     def _common_env(self, state: ClusterState, port: int) -> dict[str, str]:
+        # The cluster's registry speaks plain HTTP: its nodes allow that, besides what
+        # the cluster's settings allow.
+        insecure = ",".join(
+            h for h in (self.env.get("AENV_REGISTRY_INSECURE"), state.registry) if h
+        )
         return {
             **os.environ,
             "AENV_PORT": str(port),
@@ -214,6 +240,7 @@ class LocalCluster:
             # The file system every node shares for volumes, as a real cluster mounts one.
             "AENV_PATHS_VOLUMES_DIR": str(self.directory / "volumes"),
             **self.env,
+            "AENV_REGISTRY_INSECURE": insecure,
         }
 
     def _start_node(self, state: ClusterState, index: int) -> None:
@@ -327,7 +354,7 @@ class LocalCluster:
         if state is not None:
             self._kill_sandboxes(state)
             # Control first (no new work), then nodes, then what they stand on.
-            order = {"control": 0, "node": 1, "hollow": 1, "s3": 2}
+            order = {"control": 0, "node": 1, "hollow": 1, "s3": 2, "registry": 2}
             for member in sorted(state.members, key=lambda m: order[m.role]):
                 _stop(member.pid)
                 if member.role == "node":

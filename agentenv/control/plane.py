@@ -25,8 +25,10 @@ from ..api.idempotency import IDEMPOTENCY_KEY
 from ..api.models import MAX_METRICS_SANDBOXES, SandboxesWithMetrics, SandboxMetric
 from ..config import Config
 from ..errors import AtCapacity, InvalidInput, NotFound, TemplateBeingBuilt, Unavailable
+from ..images.pull import pulled_template
+from ..images.reference import full_reference
 from ..images.snapshots import SnapshotRegistry
-from ..images.templates import TemplateRegistry
+from ..images.templates import TemplateRecord, TemplateRegistry
 from ..state.lifecycle import Event, allows
 from ..state.lost import LostSandboxes
 from ..state.nodes import NodeInfo, NodeRegistry
@@ -266,7 +268,7 @@ class ControlPlane:
             if snapshot is not None:
                 snapshots = frozenset({snapshot.snapshot_id})
                 return dataclasses.replace(unknown, snapshots=snapshots)
-            record = await asyncio.to_thread(self.templates.find, template)
+            record = await asyncio.to_thread(self._template_for, template)
         except (NotFound, ObjectStoreError):
             return unknown
         if record is None:
@@ -277,6 +279,14 @@ class ControlPlane:
             vcpus=record.vcpus or sandbox.vcpus,
             layers=frozenset(record.layers[-1:]),
         )
+
+    def _template_for(self, name: str) -> TemplateRecord | None:
+        """The template `name` starts from: a full image reference's is the one a node
+        pulled it as (`registry.pull_on_create`)."""
+        image = full_reference(name)
+        if image is None:
+            return self.templates.find(name)
+        return pulled_template(self.templates, image)
 
     async def _call(
         self,

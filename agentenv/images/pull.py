@@ -34,6 +34,12 @@ def default_name(ref: ImageRef) -> str:
     return validate_name(f"{base}-{suffix}".lower().replace("_", "-")[:63])
 
 
+def pulled_template(templates: TemplateRegistry, ref: ImageRef) -> TemplateRecord | None:
+    """The template `ref` was pulled as by a create naming it (its default name), if any."""
+    found = templates.find(default_name(ref))
+    return found if found is not None and found.source == str(ref) else None
+
+
 class ImagePuller:
     """Blocking; the server runs it in a worker thread."""
 

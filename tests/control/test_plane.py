@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from agentenv.errors import (
     Unavailable,
     error_answer,
 )
+from agentenv.images.templates import TemplateRecord
 from agentenv.state.idempotency import KEY_SHAPE
 from agentenv.state.lifecycle import State
 from agentenv.state.nodes import NodeCapacity, NodeEvent
@@ -172,6 +174,42 @@ async def test_a_create_from_an_unknown_name_is_the_nodes_404(
         created = await plane.create("/v2/sandboxes", b'{"templateID": "gone:v1"}', {})
         assert created.status_code == 404 and len(calls) == 1
         assert created.json()["message"] == "template 'gone' not found"
+    await engine.dispose()
+
+
+async def test_creates_naming_a_pulled_image_go_where_its_disk_is(
+    tmp_path: Path, state_url: str
+) -> None:
+    """A create naming a full image reference starts from the template a node pulled it as:
+    placement prefers the node serving that template's disk, as for the template's name."""
+    cfg = Config()
+    cfg.paths.home = str(tmp_path)
+    taken: collections.Counter[str] = collections.Counter()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        taken[request.url.host] += 1
+        return httpx.Response(201, json={})
+
+    engine = await open_engine(state_url)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        plane = ControlPlane(cfg, engine, client)
+        ref = "10.200.0.1:5000/fleet/app:v1"
+        record = TemplateRecord("app-v1", ref, "sha256:ab", ["base", "top"], 4096)
+        plane.templates.save(record)
+        for name in ("n1", "n2"):
+            layers = ["top"] if name == "n2" else []
+            capacity = NodeCapacity(memory_mb=64 * 1024, cores=16, layers=layers)
+            await plane.nodes.register(name, f"http://{name}", capacity)
+        body = json.dumps({"templateID": ref}).encode()
+        for _ in range(3):
+            assert (await plane.create("/v2/sandboxes", body, {})).status_code == 201
+        assert taken == {"n2": 3}
+        # Another registry's image of the same default name is not this template: its
+        # creates spread, to the node promised less first.
+        other = json.dumps({"templateID": "10.200.0.2:5000/fleet/app:v1"}).encode()
+        for _ in range(3):
+            assert (await plane.create("/v2/sandboxes", other, {})).status_code == 201
+        assert taken == {"n2": 3, "n1": 3}
     await engine.dispose()
 
 

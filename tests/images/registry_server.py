@@ -13,15 +13,15 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
 import pytest
+
+from agentenv.cluster.registry import REGISTRY_BIN, registry_config, wait_registry
 
 __all__ = [
     "REGISTRY_BIN",
@@ -33,7 +33,6 @@ __all__ = [
     "running_registry",
 ]
 
-REGISTRY_BIN = "/usr/bin/docker-registry"
 HTPASSWD_BIN = "/usr/bin/htpasswd"
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
@@ -132,41 +131,20 @@ class Registry:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def _config(self) -> str:
-        lines = [
-            "version: 0.1",
-            "log:",
-            "  level: warn",
-            "  accesslog:",
-            "    disabled: true",
-            "storage:",
-            "  filesystem:",
-            f"    rootdirectory: {self.storage}",
-            "  delete:",
-            "    enabled: true",
-            "http:",
-            f"  addr: 127.0.0.1:{self.port}",
-            "  secret: agentenv-test-secret",
-        ]
+        text = registry_config(self.storage, "127.0.0.1", self.port)
         if self.users:
             htpasswd = self.root / "htpasswd"
             htpasswd.write_text("".join(_bcrypt_line(u, p) for u, p in self.users.items()))
-            lines += ["auth:", "  htpasswd:", "    realm: agentenv-test", f"    path: {htpasswd}"]
-        return "\n".join(lines) + "\n"
+            text += f"auth:\n  htpasswd:\n    realm: agentenv-test\n    path: {htpasswd}\n"
+        return text
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        assert self._proc is not None
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"registry exited early:\n{self.log_text()}")
-            try:
-                status = httpx.get(f"{self.url}/v2/", timeout=1.0).status_code
-            except httpx.TransportError:
-                status = 0
-            if status in (200, 401):
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"registry not ready after {START_TIMEOUT}s:\n{self.log_text()}")
+        proc = self._proc
+        assert proc is not None
+        try:
+            wait_registry(self.url, lambda: proc.poll() is None, START_TIMEOUT)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}:\n{self.log_text()}") from exc
 
 
 def _bcrypt_line(user: str, password: str) -> str:
