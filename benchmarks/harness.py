@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from agentenv.cli.client import EnvdClient
-from tests.live import LiveServer, boot_snapshot, vmm_pid
+from tests.live import Configured, LiveServer, boot_snapshot, vmm_pid
 
 
 @contextmanager
@@ -58,7 +58,7 @@ def echo_ready(server: LiveServer, sandbox_id: str, token: str | None) -> None:
     raise RuntimeError(f"sandbox {sandbox_id}: `echo ready` printed nothing")
 
 
-def wait_snapshot(server: LiveServer, memory_mb: int = 256, timeout: float = 300) -> Path:
+def wait_snapshot(server: Configured, memory_mb: int = 256, timeout: float = 300) -> Path:
     """The server's boot snapshot directory, once it is complete."""
     deadline = time.monotonic() + timeout
     while (path := boot_snapshot(server, memory_mb)) is None:

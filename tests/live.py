@@ -12,10 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
@@ -317,7 +317,14 @@ def vmm_pid(server: LiveServer, sandbox_id: str) -> int | None:
     return next(_pids_mentioning(str(server.home / "sandboxes" / sandbox_id)), None)
 
 
-def boot_snapshot(server: LiveServer, memory_mb: int) -> Path | None:
+class Configured(Protocol):
+    """A server, or a cluster's node, known by the settings it was started with."""
+
+    @property
+    def env(self) -> Mapping[str, str]: ...
+
+
+def boot_snapshot(server: Configured, memory_mb: int) -> Path | None:
     """The server's complete boot snapshot for guests of `memory_mb`, if there is one."""
     cfg = load_config(env=server.env)
     kit = load_kit(cfg)
