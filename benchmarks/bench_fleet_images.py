@@ -22,8 +22,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -36,7 +34,13 @@ from e2b import Sandbox
 from agentenv.cluster.local import ClusterState, LocalCluster
 from agentenv.config import load_config
 from agentenv.storage.blockd import BlockdClient
-from tests.images.oci_build import LayerBuilder, build_image, build_layer, push_image
+from tests.images.oci_build import (
+    LayerBuilder,
+    build_image,
+    build_layer,
+    busybox_layer,
+    push_image,
+)
 
 from .bench_pause import p50, p99
 
@@ -57,30 +61,11 @@ def emit(doc: dict) -> None:
 # -- images ------------------------------------------------------------------------------
 
 
-def base_layer() -> bytes:
-    """The layer every image shares: the host's static busybox and its applets."""
-    binary = shutil.which("busybox")
-    assert binary is not None, "busybox-static is in the Makefile's packages"
-    layer = (
-        LayerBuilder()
-        .file("bin/busybox", Path(binary).read_bytes(), mode=0o755)
-        .dir("tmp", mode=0o1777)
-        .dir("root", mode=0o700)
-        .file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")
-        .file("etc/group", b"root:x:0:\n")
-    )
-    names = subprocess.run([binary, "--list"], capture_output=True, text=True).stdout
-    for name in names.split():
-        if name != "busybox":
-            layer = layer.symlink(f"bin/{name}", "busybox")
-    return build_layer(layer, "gzip")
-
-
 def push_images(registry: str, count: int, data_mib: int) -> tuple[list[str], int]:
     """`count` images of three layers: the shared base, `data_mib` MiB of random files of
     its own, and a top layer naming it with the files' sums. Their refs, and the bytes of
     their own layers' files together."""
-    base = base_layer()
+    base = busybox_layer()
     refs, own_bytes = [], 0
     files = 4
     for n in range(count):

@@ -1,6 +1,7 @@
 """A local cluster for real: Debian's PostgreSQL, an S3 server, a control plane and three
-nodes as processes (`aenv cluster up`), used through the control URL only by the
-unmodified E2B SDK; placement, a second control replica, node loss, and `down`."""
+nodes as processes (`aenv cluster up --registry`), used through the control URL only by
+the unmodified E2B SDK; placement, images from the cluster's registry, a second control
+replica, node loss, and `down`."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from agentenv.cluster.local import BUCKET, S3_KEYS, ClusterState, LocalCluster, 
 from agentenv.cluster.postgres import free_port
 from agentenv.net.netns import link_exists
 
+from ..images.oci_build import build_image, busybox_layer, push_image
 from ..live import AENV, HostResources, point_sdk, wait_for
 from ..netlab import lab, probe_command, reached
 from ..vmfactory import SETTLE_S
@@ -91,9 +93,10 @@ def cluster(kit_ready: None, request: pytest.FixtureRequest) -> Iterator[Cluster
             "AENV_CLUSTER_HEARTBEAT_INTERVAL": "1",
             "AENV_CLUSTER_NODE_TIMEOUT": str(NODE_TIMEOUT),
             "AENV_SERVER_CODE_INTERPRETER": "false",
+            "AENV_REGISTRY_PULL_ON_CREATE": "true",
         },
     )
-    state = local.up(3)
+    state = local.up(3, registry=True)
     try:
         # The SDK's three variables, for the module's tests; put back as they were after.
         with pytest.MonkeyPatch.context() as environment:
@@ -310,6 +313,28 @@ def test_placement_spreads_a_burst_and_follows_a_snapshot(cluster: Cluster) -> N
             sandbox.kill()
 
 
+def test_an_image_pushed_to_the_clusters_registry_starts_by_its_reference(
+    cluster: Cluster,
+) -> None:
+    """An image pushed from the host to the cluster's registry: a create naming it pulls it
+    on the node it lands on, as a template every node then starts it from."""
+    mark = {"etc/fleet-mark": b"pushed from the host\n"}
+    image = build_image([busybox_layer(extra=mark)])
+    push_image(f"http://{cluster.state.registry}", "fleet/mark", "v1", image)
+    reference = f"{cluster.state.registry}/fleet/mark:v1"
+    with ThreadPoolExecutor(3) as pool:
+        sandboxes = list(pool.map(lambda _: Sandbox.create(reference), range(3)))
+    try:
+        for sandbox in sandboxes:
+            assert sandbox.commands.run("cat /etc/fleet-mark").stdout == "pushed from the host\n"
+        stored = cluster.s3().get_object(Bucket=BUCKET, Key="templates/mark-v1.json")
+        assert json.loads(stored["Body"].read())["source"] == reference
+        assert len({cluster.node_of(s.sandbox_id) for s in sandboxes}) >= 2
+    finally:
+        for sandbox in sandboxes:
+            sandbox.kill()
+
+
 def test_two_control_replicas_at_once(cluster: Cluster) -> None:
     port = free_port()
     control = next(m for m in cluster.state.members if m.role == "control")
@@ -387,6 +412,7 @@ def test_nodes_stand_apart_and_their_guests_reach_only_the_internet(cluster: Clu
         closed = [
             f"tcp://{postgres.hostname}:{postgres.port}",
             f"tcp://{s3.hostname}:{s3.port}",
+            f"tcp://{cluster.state.registry}",
             *(f"tcp://{m.address}:{m.port}" for m in nodes),
             f"tcp://{network.gateway}:{around.ports['host']}",
         ]

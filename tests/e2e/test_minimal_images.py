@@ -4,7 +4,6 @@ the SDK and `aenv`, and template builds from steps, work in them."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,14 +11,11 @@ from dataclasses import dataclass
 import pytest
 from e2b import Sandbox, Template
 
-from ..images.oci_build import LayerBuilder, build_image, build_layer, push_image
+from ..images.oci_build import build_image, busybox_layer, push_image
 from ..images.registry_server import running_registry
 from ..live import AENV, TEST_KEY, LiveServer
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
-
-PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
-GROUP = b"root:x:0:\nnogroup:x:65534:\n"
 
 
 @dataclass
@@ -29,42 +25,17 @@ class MinimalImages:
     no_shell: str
 
 
-def _busybox_layer(applets: bool, extra: dict[str, bytes]) -> bytes:
-    """A root filesystem of the host's static busybox (and its applets as symlinks)."""
-    binary = shutil.which("busybox")
-    assert binary is not None, "busybox-static is in the Makefile's packages"
-    with open(binary, "rb") as handle:
-        data = handle.read()
-    layer = (
-        LayerBuilder()
-        .file("bin/busybox", data, mode=0o755)
-        .dir("tmp", mode=0o1777)
-        .dir("root", mode=0o700)
-        .dir("home")
-        .file("etc/passwd", PASSWD)
-        .file("etc/group", GROUP)
-    )
-    if applets:
-        names = subprocess.run([binary, "--list"], capture_output=True, text=True).stdout
-        for name in names.split():
-            if name != "busybox":
-                layer = layer.symlink(f"bin/{name}", "busybox")
-    for path, content in extra.items():
-        layer = layer.file(path, content)
-    return build_layer(layer, "gzip")
-
-
 @pytest.fixture(scope="module")
 def minimal(kit_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinimalImages]:
     env = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
     with running_registry(tmp_path_factory.mktemp("registry")) as registry:
         images = {
-            "busybox": _busybox_layer(True, {}),
-            "alpine": _busybox_layer(
+            "busybox": busybox_layer(True, {}),
+            "alpine": busybox_layer(
                 True,
                 {"etc/os-release": b"ID=alpine\nNAME=Alpine-like\n", "etc/shells": b"/bin/sh\n"},
             ),
-            "noshell": _busybox_layer(False, {}),
+            "noshell": busybox_layer(False, {}),
         }
         for name, layer in images.items():
             push_image(registry.url, f"mini/{name}", "v1", build_image([layer], env=env))

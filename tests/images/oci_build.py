@@ -13,7 +13,9 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import stat
+import subprocess
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -207,6 +209,33 @@ def build_layer(
     else:
         raise ValueError(f"unknown compression {compression!r}")
     return Layer(tar, blob, LAYER_TYPES[(flavour, compression)], compression)
+
+
+BUSYBOX_PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"
+BUSYBOX_GROUP = b"root:x:0:\nnogroup:x:65534:\n"
+
+
+def busybox_layer(applets: bool = True, extra: Mapping[str, bytes] | None = None) -> Layer:
+    """A root filesystem of the host's static busybox (and its applets as symlinks)."""
+    binary = shutil.which("busybox")
+    assert binary is not None, "busybox-static is in the Makefile's packages"
+    layer = (
+        LayerBuilder()
+        .file("bin/busybox", Path(binary).read_bytes(), mode=0o755)
+        .dir("tmp", mode=0o1777)
+        .dir("root", mode=0o700)
+        .dir("home")
+        .file("etc/passwd", BUSYBOX_PASSWD)
+        .file("etc/group", BUSYBOX_GROUP)
+    )
+    if applets:
+        names = subprocess.run([binary, "--list"], capture_output=True, text=True).stdout
+        for name in names.split():
+            if name != "busybox":
+                layer = layer.symlink(f"bin/{name}", "busybox")
+    for path, content in (extra or {}).items():
+        layer = layer.file(path, content)
+    return build_layer(layer, "gzip")
 
 
 @dataclass(frozen=True)
