@@ -28,6 +28,9 @@ class ServerConfig:
     domain: str = ""
     # Largest control-plane request body (JSON); file transfers to guests are not bounded.
     max_body_bytes: int = 1024 * 1024
+    # API requests a control plane serves at once; past it, 429 with Retry-After at once
+    # (sandbox traffic, health and metrics are not counted).
+    max_in_flight: int = 400
     # Largest archive of a template build's COPY step (the SDKs upload one per step).
     max_build_file_bytes: int = 2 * 1024**3
     # Largest file one volume content API upload may write.

@@ -82,6 +82,13 @@ class AtCapacity(Unavailable):
     status = 429
 
 
+class Overloaded(Unavailable):
+    """The control plane serves as many requests at once as it may: 429 with
+    `Retry-After` rather than a queue that grows without bound."""
+
+    status = 429
+
+
 class TemplateBeingBuilt(Unavailable):
     """A create of a built-in template while it is being built. Every node of a cluster
     gives the same answer (they share the build's state), so the control plane passes it

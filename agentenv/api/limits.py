@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 
-from ..errors import TooLarge, error_answer
+from ..errors import Overloaded, TooLarge, error_answer
 
 MAX_ENTRIES = 64
 MAX_KEY_BYTES = 256
@@ -153,3 +153,30 @@ class BodyLimit:
         answer = error_answer(TooLarge(f"request body over {self.max_bytes} bytes"))
         for message in answer.asgi_messages((b"connection", b"close")):
             await send(message)
+
+
+class InFlightLimit:
+    """ASGI middleware: past `limit` requests being served at once, the next is answered
+    429 with `Retry-After` at once (Kubernetes' API server sheds load the same way);
+    `exempt` paths (health) always pass."""
+
+    def __init__(self, app: Any, limit: int, exempt: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.limit = limit
+        self.exempt = exempt
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limit:
+            busy = Overloaded(f"the server is serving {self.limit} requests at once: retry")
+            for message in error_answer(busy).asgi_messages():
+                await send(message)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1

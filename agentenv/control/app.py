@@ -28,7 +28,7 @@ from ..api.builds import UPLOADS
 from ..api.errors import error_response, install_error_handlers
 from ..api.idempotency import CONTROL, IdempotentOperations
 from ..api.identity import public_router
-from ..api.limits import BodyLimit
+from ..api.limits import BodyLimit, InFlightLimit
 from ..api.listing import ListQuery, list_query, listed_page_of, running_listed
 from ..api.models import ListedSandbox, SandboxDetail, SandboxesWithMetrics
 from ..api.sandboxes import public_domain, sandbox_detail
@@ -62,6 +62,8 @@ _DROP = HOP_BY_HOP | {b"host"}
 _SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([^/]+)(?:/.*)?$")
 # Seconds the data plane trusts what it looked up about a sandbox's node.
 _ROUTE_TTL = 2.0
+# Routes served past the bound on requests in flight: an operator's view of the plane.
+UNCOUNTED = ("/health", "/metrics")
 
 
 def _forwarded(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -103,6 +105,8 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     # request whose relay is lost, or whose control replica died, finds its answer.
     app.add_middleware(IdempotentOperations, role=CONTROL)
     app.add_middleware(BodyLimit, max_bytes=cfg.server.max_body_bytes, streamed=(UPLOADS, CONTENT))
+    # Outermost: a request past the bound is answered before its body is read.
+    app.add_middleware(InFlightLimit, limit=cfg.server.max_in_flight, exempt=UNCOUNTED)
     install_error_handlers(app)
 
     @app.get("/health", tags=["control"])
