@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Mapping
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..api.idempotency import IDEMPOTENCY_KEY
 from ..api.models import MAX_METRICS_SANDBOXES, SandboxesWithMetrics, SandboxMetric
@@ -313,21 +313,20 @@ class ControlPlane:
             await asyncio.sleep(WATCH_INTERVAL)
 
     async def settle_lost_nodes(self) -> None:
-        for name in await self.nodes.declare_lost(self.cfg.cluster.node_timeout):
-            log.warning(
-                "node %s is lost: it did not heartbeat for %ss", name, self.cfg.cluster.node_timeout
-            )
-        lost = {n.name for n in await self.nodes.list() if not n.state.holds_sandboxes}
-        if not lost:
-            return
-        # Its VM (or unsaved state) was on the lost node: the sandbox is gone, and its loss
-        # is recorded for its users and operators. A stored paused one resumes elsewhere.
+        timeout = self.cfg.cluster.node_timeout
+        for name in await self.nodes.declare_lost(timeout, self._forget_sandboxes_of):
+            log.warning("node %s is lost: it did not heartbeat for %ss", name, timeout)
+
+    async def _forget_sandboxes_of(self, connection: AsyncConnection, lost: list[str]) -> None:
+        """In the transaction that declares nodes lost: their sandboxes' VMs (or unsaved
+        state) went with them, so the sandboxes are gone, their loss recorded for users
+        and operators. A stored paused one stays, to resume elsewhere."""
         gone = [
             record
-            for record in await self.sandboxes.on_nodes(lost)
+            for record in await self.sandboxes.on_nodes(lost, connection)
             if not (record.stored and allows(record.state, Event.ADOPT))
         ]
-        for sandbox_id in await self.sandboxes.forget(gone) if gone else []:
+        for sandbox_id in await self.sandboxes.forget(gone, connection) if gone else []:
             log.warning("sandbox %s was lost with its node", sandbox_id)
 
 

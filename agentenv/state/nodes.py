@@ -7,12 +7,13 @@ import builtins
 import functools
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..errors import Conflict
 from .schema import nodes
@@ -141,6 +142,10 @@ def _info(row: sa.Row[Any]) -> NodeInfo:
     return NodeInfo(capacity=NodeCapacity(**reported), state=state, **values)
 
 
+# Run in a node-loss transaction with the names of the nodes holding no sandboxes.
+SettleLost = Callable[[AsyncConnection, builtins.list[str]], Awaitable[None]]
+
+
 class NodeRegistry:
     """The `nodes` table of a state store."""
 
@@ -209,8 +214,12 @@ class NodeRegistry:
             changed = await connection.execute(sa.delete(nodes).where(nodes.c.name == name))
         return changed.rowcount > 0
 
-    async def declare_lost(self, timeout: float) -> builtins.list[str]:
-        """Mark every node silent for longer than `timeout` lost; their names."""
+    async def declare_lost(
+        self, timeout: float, settle: SettleLost | None = None
+    ) -> builtins.list[str]:
+        """Mark every node silent for longer than `timeout` lost; their names. `settle`
+        gets the names of every node that holds no sandboxes now, in the same transaction:
+        what they held leaves with them, never seen after them."""
         deadline = time.time() - timeout
         # Every state allows LOSE; a node already lost has nothing more to lose.
         silent = sa.and_(nodes.c.state.in_(HOLDS_SANDBOXES), nodes.c.heartbeat_at < deadline)
@@ -222,4 +231,9 @@ class NodeRegistry:
                     .where(silent, nodes.c.name.in_(names))
                     .values(state=NodeState.LOST)
                 )
+            if settle is not None:
+                holding_none = sa.select(nodes.c.name).where(nodes.c.state.not_in(HOLDS_SANDBOXES))
+                released = list(await connection.scalars(holding_none))
+                if released:
+                    await settle(connection, released)
         return names

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ..observe.metrics import STATE_STATEMENTS
 from .lifecycle import AT_REST, EXPIRES, State
@@ -303,6 +303,17 @@ class SqlSandboxStore:
         async with self.engine.connect() as connection:
             return [_from_row(row) for row in await connection.execute(query)]
 
+    @contextlib.asynccontextmanager
+    async def _transaction(
+        self, connection: AsyncConnection | None
+    ) -> AsyncIterator[AsyncConnection]:
+        """`connection`, inside its caller's transaction; else a transaction of its own."""
+        if connection is not None:
+            yield connection
+            return
+        async with self.engine.begin() as begun:
+            yield begun
+
     async def _write(self, statement: sa.Executable) -> None:
         async with self.engine.begin() as connection:
             await connection.execute(statement)
@@ -384,9 +395,14 @@ class SqlSandboxStore:
         order = [c.desc() for c in columns] if descending else list(columns)
         return await self._rows(query.order_by(*order).limit(limit))
 
-    async def on_nodes(self, names: Collection[str]) -> builtins.list[SandboxRecord]:
-        """The records of the nodes `names`."""
-        return await self._rows(sa.select(sandboxes).where(sandboxes.c.node.in_(list(names))))
+    async def on_nodes(
+        self, names: Collection[str], connection: AsyncConnection | None = None
+    ) -> builtins.list[SandboxRecord]:
+        """The records of the nodes `names` (read in `connection`'s transaction, if given)."""
+        query = sa.select(sandboxes).where(sandboxes.c.node.in_(list(names)))
+        if connection is None:
+            return await self._rows(query)
+        return [_from_row(row) for row in await connection.execute(query)]
 
     async def count_by_state(self) -> dict[State, int]:
         """How many records each state has, every node's."""
@@ -425,12 +441,14 @@ class SqlSandboxStore:
             record.node, record.slot, record.state, record.vm = self.node, slot, state, vm
         return bool(taken)
 
-    async def forget(self, records: builtins.list[SandboxRecord]) -> builtins.list[str]:
+    async def forget(
+        self, records: builtins.list[SandboxRecord], connection: AsyncConnection | None = None
+    ) -> builtins.list[str]:
         """Delete other nodes' records, each unless it changed meanwhile, and record their
-        loss, in one transaction (the control plane drops the sandboxes a lost node took
-        with it); the ids forgotten."""
+        loss, in one transaction, `connection`'s if given (the control plane drops the
+        sandboxes a lost node took with it); the ids forgotten."""
         forgotten = []
-        async with self.engine.begin() as connection:
+        async with self._transaction(connection) as connection:
             for record in records:
                 mine = sa.and_(
                     sandboxes.c.sandbox_id == record.sandbox_id,
