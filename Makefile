@@ -9,8 +9,14 @@ APT_PACKAGES := python3-venv python3-dev qemu-system-x86 qemu-utils busybox-stat
 	postgresql docker.io docker-compose systemd nfs-ganesha nfs-ganesha-vfs rpcbind \
 	microsocks stunnel4
 STAMP := $(VENV)/.installed
+# What only the tests need: a browser for the console's tests (Playwright drives it).
+TEST_APT_PACKAGES := chromium
+# The console's page and assets, built from console/ with npm's packages.
+CONSOLE := agentenv/console/assets/index.html
+CONSOLE_SOURCES := $(wildcard console/src/*.ts console/src/*.tsx console/src/*.css console/src/*.html console/src/pages/*.tsx) \
+	console/package.json console/package-lock.json console/build.mjs console/tsconfig.json
 
-.PHONY: run test quick-test bench lint typecheck format system-deps venv kit clean
+.PHONY: run test quick-test bench lint typecheck format system-deps test-deps venv kit console clean
 
 system-deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -27,6 +33,11 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends -t $$VERSION_CODENAME-backports qemu-system-x86 qemu-utils; fi
 
+test-deps: system-deps
+	@missing=""; for p in $(TEST_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+
 $(STAMP): pyproject.toml | system-deps
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -38,21 +49,30 @@ venv: system-deps $(STAMP)
 kit: venv
 	$(BIN)/aenv kit build
 
-run: kit
+console/node_modules/.package-lock.json: console/package-lock.json | system-deps
+	cd console && npm ci --no-audit --no-fund --loglevel=error
+
+$(CONSOLE): $(CONSOLE_SOURCES) console/node_modules/.package-lock.json
+	cd console && node build.mjs
+
+console: $(CONSOLE)
+
+run: kit console
 	$(BIN)/aenv server
 
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: venv
+typecheck: venv console
 	$(BIN)/mypy
+	cd console && npx tsc --noEmit -p .
 
 format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: kit lint typecheck
+test: test-deps kit console lint typecheck
 	$(BIN)/pytest -q
 
 quick-test: venv

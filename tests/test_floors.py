@@ -26,6 +26,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("runtime: snapshots", {"runtime.snapshots"}),
     ("runtime: node", {"runtime.node"}),
     ("data plane", {"proxy"}),
+    ("operator console", {"console"}),
     ("API", {"api"}),
     ("control plane", {"control"}),
     ("entry points", {"cli", "cluster", "server"}),

@@ -5,12 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable
+from functools import partial
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Response
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from ..config import Config
+from ..console.site import site_router
 from ..credentials.sealing import server_sealer
 from ..images.buildfiles import signing_key
 from ..observe.logs import RequestIds
@@ -32,11 +34,13 @@ from . import (
     volumes,
 )
 from .auth import ApiKeyAuth, load_or_create_api_key
+from .console import SandboxFeed, events_router
 from .deps import NodeDep
 from .errors import install_error_handlers
 from .idempotency import NODE, IdempotentOperations
 from .limits import BodyLimit
 from .models import Health
+from .sandboxes import with_host_memory
 from .teams import teams_router
 
 log = logging.getLogger(__name__)
@@ -81,6 +85,7 @@ def build_api(cfg: Config, api_key: str, *, hollow: bool = False) -> FastAPI:
         return Response(exposition(), media_type=CONTENT_TYPE)
 
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
+    protected.include_router(events_router(_node_feed))
     protected.include_router(sandboxes.router)
     protected.include_router(sandboxlogs.router)
     protected.include_router(snapshots.router)
@@ -94,6 +99,7 @@ def build_api(cfg: Config, api_key: str, *, hollow: bool = False) -> FastAPI:
     protected.include_router(identity.router)
     protected.include_router(teams_router(api_key))
     app.include_router(protected)
+    app.include_router(site_router())
     # What verifiers of workload identity tokens fetch: public, as OIDC's are.
     app.include_router(identity.public_router(identity.node_keys))
     # The volume's own token is the credential, not the API key.
@@ -101,6 +107,12 @@ def build_api(cfg: Config, api_key: str, *, hollow: bool = False) -> FastAPI:
     # Signed in their URL, as presigned uploads are: the SDKs send them no API key.
     app.include_router(builds.uploads)
     return app
+
+
+def _node_feed(request: Request) -> SandboxFeed:
+    """The console's list on a node: its own sandboxes, with their host memory."""
+    node: Node = request.app.state.node
+    return SandboxFeed(node.manager.store, everyone=False, annotate=partial(with_host_memory, node))
 
 
 def create_app(cfg: Config, *, hollow: bool = False) -> Any:

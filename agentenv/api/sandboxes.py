@@ -166,16 +166,16 @@ async def list_sandboxes_v2(
     node: NodeDep, response: Response, query: Annotated[ListQuery, Depends(list_query)]
 ) -> list[ListedSandbox]:
     page = listed_page(await node.manager.list(), response, query)
-    return _with_host_memory(node, page)
+    return with_host_memory(node, page)
 
 
 @router.get("/sandboxes")
 async def list_sandboxes_v1(node: NodeDep, metadata: str | None = None) -> list[ListedSandbox]:
     """SDK 1.x: running sandboxes only, unpaginated."""
-    return _with_host_memory(node, running_listed(await node.manager.list(), metadata))
+    return with_host_memory(node, running_listed(await node.manager.list(), metadata))
 
 
-def _with_host_memory(node: Node, listed: list[ListedSandbox]) -> list[ListedSandbox]:
+def with_host_memory(node: Node, listed: list[ListedSandbox]) -> list[ListedSandbox]:
     """Running sandboxes' host memory by the node's last sample (the control plane, which
     lists from the state store, has none)."""
     latest = node.memory.latest

@@ -25,6 +25,7 @@ from starlette.background import BackgroundTask
 
 from ..api.auth import ApiKeyAuth, load_or_create_api_key
 from ..api.builds import UPLOADS
+from ..api.console import SandboxFeed, events_router
 from ..api.errors import error_response, install_error_handlers
 from ..api.idempotency import CONTROL, IdempotentOperations
 from ..api.identity import public_router
@@ -34,6 +35,7 @@ from ..api.models import ListedSandbox, SandboxDetail, SandboxesWithMetrics
 from ..api.sandboxes import public_domain, sandbox_detail
 from ..api.volumes import CONTENT
 from ..config import Config
+from ..console.site import site_router
 from ..credentials.identity import IdentitySettings, PublicKeys
 from ..errors import ErrorAnswer, NotFound
 from ..observe.logs import RequestIds
@@ -76,6 +78,11 @@ def _plane(request: Request) -> ControlPlane:
 
 
 Plane = Annotated[ControlPlane, Depends(_plane)]
+
+
+def _every_nodes_feed(request: Request) -> SandboxFeed:
+    """The console's list behind a control plane: every node's sandboxes, from the store."""
+    return SandboxFeed(_plane(request).sandboxes, everyone=True)
 
 
 def build_control_api(cfg: Config, api_key: str) -> FastAPI:
@@ -129,6 +136,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     # Verifiers of workload identity tokens: from the store, with no node and no API key.
     app.include_router(public_router(lambda request: request.app.state.identity))
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
+    protected.include_router(events_router(_every_nodes_feed))
 
     @protected.get("/nodes")
     async def list_nodes(plane: Plane) -> list[dict[str, Any]]:
@@ -216,6 +224,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     async def relay_volume_content(plane: Plane, request: Request, rest: str) -> Response:
         return await _relay(plane, request, await plane.any_node(), "volume")
 
+    app.include_router(site_router())
     app.include_router(protected)
     return app
 

@@ -140,3 +140,27 @@ async def test_pages_follow_the_listing_order_on_every_node(state_url: str) -> N
     assert await store.count_by_state() == {"running": 17, "paused": 6}
     for each in stores:
         await each.close()
+
+
+async def test_versions_say_what_a_listed_row_changes_with_and_many_reads_by_id(
+    state_url: str,
+) -> None:
+    mine = await SqlSandboxStore.open(state_url, "n1")
+    theirs = SqlSandboxStore(mine.engine, "n2")
+    for n in range(3):
+        await mine.insert(_record(f"m{n}", n))
+    await theirs.insert(_record("t0", 0))
+    await mine.update("m0", state=State.RUNNING)
+    await mine.update("m1", state=State.KILLING)  # being killed: no longer listed
+
+    versions = await mine.versions()
+    assert sorted(versions) == ["m0", "m2"]
+    assert versions["m0"][:2] == ("running", "n1")
+    assert sorted(await mine.versions(everyone=True)) == ["m0", "m2", "t0"]
+    before = versions["m0"]
+    await mine.update("m0", end_at=datetime(2027, 1, 1, tzinfo=UTC))
+    assert (await mine.versions())["m0"] != before
+
+    found = await mine.many(["t0", "m2", "gone"])
+    assert sorted(r.sandbox_id for r in found) == ["m2", "t0"]
+    await mine.close()

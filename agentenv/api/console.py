@@ -1,0 +1,49 @@
+"""The console's own API route: its sandbox list as one event stream (`console/events`),
+over a node's records or, behind a control plane, every node's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from ..console.events import HEADERS, list_events
+from ..state.sandboxes import SandboxStore
+from .listing import listed_fields
+from .models import ListedSandbox
+
+EVENTS = "/console/api/sandboxes/events"
+
+
+@dataclass(frozen=True)
+class SandboxFeed:
+    """Sandboxes as listed (`GET /v2/sandboxes`' rows), this node's or `everyone`'s;
+    `annotate` adds what only the answering process knows (a node's host memory)."""
+
+    store: SandboxStore
+    everyone: bool
+    annotate: Callable[[list[ListedSandbox]], list[ListedSandbox]] = lambda rows: rows
+
+    async def versions(self) -> Mapping[str, Hashable]:
+        return await self.store.versions(self.everyone)
+
+    async def rows(self, ids: list[str]) -> list[dict[str, Any]]:
+        records = [r for r in await self.store.many(ids) if r.state.visible]
+        listed = self.annotate([ListedSandbox(**listed_fields(r)) for r in records])
+        return [row.model_dump(mode="json") for row in listed]
+
+
+def events_router(feed_of: Callable[[Request], SandboxFeed]) -> APIRouter:
+    """`GET /console/api/sandboxes/events`, behind the caller's API-key dependency."""
+    router = APIRouter(include_in_schema=False)
+
+    @router.get(EVENTS)
+    async def sandbox_events(request: Request) -> StreamingResponse:
+        return StreamingResponse(
+            list_events(feed_of(request)), media_type="text/event-stream", headers=HEADERS
+        )
+
+    return router

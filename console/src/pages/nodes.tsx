@@ -1,0 +1,109 @@
+// The nodes behind a control plane: capacity, what is committed, state; drain and
+// activate. A single node has no such list, and says so.
+
+import { useEffect, useState } from "preact/hooks";
+
+import { ApiError, getJson, send } from "../api";
+
+interface Capacity {
+  memory_mb: number;
+  committed_memory_mb: number;
+  disk_mb: number;
+  committed_disk_mb: number;
+  cores: number;
+  committed_vcpus: number;
+  cpu_load: number;
+  running: number;
+  paused: number;
+}
+
+interface NodeView {
+  name: string;
+  url: string;
+  state: string;
+  heartbeatAgeSeconds: number;
+  capacity: Capacity;
+}
+
+function share(used: number, total: number): string {
+  return total ? `${used} / ${total} (${Math.round((100 * used) / total)}%)` : `${used}`;
+}
+
+export function NodesPage() {
+  const [nodes, setNodes] = useState<NodeView[] | null>(null);
+  const [single, setSingle] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const [generation, setGeneration] = useState(0);
+
+  useEffect(() => {
+    const load = () =>
+      getJson<NodeView[]>("/nodes").then(
+        (found) => setNodes(found),
+        (e: Error) => (e instanceof ApiError && e.status === 404 ? setSingle(true) : setError(e.message)),
+      );
+    void load();
+    const timer = setInterval(load, 3000);
+    return () => clearInterval(timer);
+  }, [generation]);
+
+  async function fire(name: string, action: "drain" | "activate") {
+    try {
+      await send("POST", `/nodes/${encodeURIComponent(name)}/${action}`);
+    } catch (e) {
+      setError((e as Error).message);
+    }
+    setGeneration((g) => g + 1);
+  }
+
+  if (single) return <p class="muted">This server is a single node: it has no nodes behind it.</p>;
+  return (
+    <section>
+      <header class="page-head">
+        <h1>Nodes</h1>
+      </header>
+      {error && (
+        <p class="error" role="alert">
+          {error}
+        </p>
+      )}
+      <table class="grid" data-testid="nodes">
+        <thead>
+          <tr>
+            <th>Name</th>
+            <th>State</th>
+            <th>Heard from</th>
+            <th>Memory committed (MiB)</th>
+            <th>Disk committed (MiB)</th>
+            <th>vCPUs committed</th>
+            <th>Load</th>
+            <th>Running</th>
+            <th>Paused</th>
+            <th />
+          </tr>
+        </thead>
+        <tbody>
+          {(nodes ?? []).map((n) => (
+            <tr data-node={n.name}>
+              <td>{n.name}</td>
+              <td class={`node-state ${n.state}`}>{n.state}</td>
+              <td>{n.heartbeatAgeSeconds}s ago</td>
+              <td>{share(n.capacity.committed_memory_mb, n.capacity.memory_mb)}</td>
+              <td>{share(n.capacity.committed_disk_mb, n.capacity.disk_mb)}</td>
+              <td>{share(n.capacity.committed_vcpus, n.capacity.cores)}</td>
+              <td>{n.capacity.cpu_load.toFixed(2)}</td>
+              <td>{n.capacity.running}</td>
+              <td>{n.capacity.paused}</td>
+              <td>
+                {n.state === "active" ? (
+                  <button onClick={() => fire(n.name, "drain")}>Drain</button>
+                ) : n.state === "draining" ? (
+                  <button onClick={() => fire(n.name, "activate")}>Activate</button>
+                ) : null}
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </section>
+  );
+}

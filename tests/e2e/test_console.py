@@ -1,0 +1,152 @@
+"""The operator console in a real browser (Debian's Chromium, driven by Playwright) against
+a real server and real sandboxes: sign in, watch a sandbox appear, type into its terminal,
+upload and download a file, pause and resume it from the page."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox
+from playwright.sync_api import (
+    Browser,
+    ConsoleMessage,
+    Page,
+    Request,
+    Response,
+    expect,
+    sync_playwright,
+)
+
+from ..live import TEST_KEY, LiveServer
+
+pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
+
+CHROMIUM = "/usr/bin/chromium"
+# A closed network: no background fetches to Google's hosts, no QUIC, no sandbox as root.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        yield launched
+        launched.close()
+
+
+class Watched:
+    """What a page did that the console must never do: violate its policy, or send the
+    API key in a URL or to a sandbox."""
+
+    def __init__(self, page: Page) -> None:
+        self.problems: list[str] = []
+        page.on("console", self._console)
+        page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
+        page.on("request", self._request)
+        page.on("requestfailed", self._failed)
+        page.on("response", self._response)
+
+    def _console(self, message: ConsoleMessage) -> None:
+        if "Content Security Policy" in message.text:
+            self.problems.append(f"policy: {message.text}")
+
+    def _failed(self, request: Request) -> None:
+        # A terminal's stream ends when its sandbox pauses or its page is left.
+        if not request.url.endswith("/process.Process/Start"):
+            self.problems.append(f"failed: {request.method} {request.url}")
+
+    def _response(self, response: Response) -> None:
+        if response.status >= 400:
+            self.problems.append(f"{response.status}: {response.request.method} {response.url}")
+
+    def _request(self, request: Request) -> None:
+        if TEST_KEY in request.url:
+            self.problems.append(f"key in a URL: {request.url}")
+        headers = request.headers
+        if "e2b-sandbox-id" in headers and "x-api-key" in headers:
+            self.problems.append(f"key sent to a sandbox: {request.url}")
+
+
+@pytest.fixture
+def page(browser: Browser, server: LiveServer) -> Iterator[tuple[Page, Watched]]:
+    context = browser.new_context(accept_downloads=True)
+    opened = context.new_page()
+    watched = Watched(opened)
+    opened.goto(server.url + "/console/")
+    opened.get_by_label("API key").fill(TEST_KEY)
+    opened.get_by_role("button", name="Sign in").click()
+    expect(opened.get_by_test_id("live")).to_have_text("live", timeout=10_000)
+    yield opened, watched
+    context.close()
+
+
+def test_a_wrong_key_is_refused_and_a_signed_out_console_asks_again(
+    browser: Browser, server: LiveServer
+) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(server.url + "/console/")
+    page.get_by_label("API key").fill("e2b_" + "0" * 40)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("alert")).to_contain_text("not accepted")
+    page.get_by_label("API key").fill(TEST_KEY)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_test_id("live")).to_have_text("live")
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_label("API key")).to_be_visible()
+    assert page.evaluate("sessionStorage.length") == 0
+    context.close()
+
+
+def test_a_sandbox_appears_and_its_terminal_files_and_pause_work(
+    page: tuple[Page, Watched], tmp_path: Path
+) -> None:
+    console, watched = page
+    sandbox = Sandbox.create(timeout=300)
+    try:
+        row = console.locator(f'[data-sandbox="{sandbox.sandbox_id}"]')
+        started = time.monotonic()
+        expect(row).to_be_visible(timeout=2_000)
+        print(f"listed in the console {time.monotonic() - started:.2f} s after create returned")
+
+        row.get_by_role("link").click()
+        status = console.get_by_test_id("terminal-status")
+        expect(status).to_contain_text("connected", timeout=20_000)
+        console.get_by_test_id("terminal").click()
+        console.keyboard.type("echo console-$((6 * 7))\n")
+        expect(console.locator(".xterm-rows")).to_contain_text("console-42", timeout=20_000)
+
+        upload = tmp_path / "from-the-browser.txt"
+        upload.write_text("uploaded through the console\n")
+        console.get_by_test_id("upload").set_input_files(upload)
+        listed = console.locator('[data-file="from-the-browser.txt"]')
+        expect(listed).to_be_visible(timeout=20_000)
+        assert sandbox.files.read("/home/user/from-the-browser.txt") == upload.read_text()
+        with console.expect_download() as download:
+            listed.click()
+        assert Path(download.value.path()).read_text() == upload.read_text()
+
+        console.get_by_role("button", name="Pause").click()
+        expect(console.get_by_test_id("sandbox-state")).to_have_text("paused", timeout=60_000)
+        assert Sandbox.get_info(sandbox.sandbox_id).state.value == "paused"
+        console.get_by_role("button", name="Resume").click()
+        expect(console.get_by_test_id("sandbox-state")).to_have_text("running", timeout=60_000)
+        assert sandbox.commands.run("cat /home/user/from-the-browser.txt").stdout == (
+            upload.read_text()
+        )
+        assert watched.problems == [], watched.problems
+    finally:
+        sandbox.kill()
