@@ -49,7 +49,7 @@ from ..observe.metrics import (
 )
 from ..proxy.router import refuse, target_of
 from ..proxy.stream import HOP_BY_HOP, has_body, request_body, stream_through
-from ..proxy.target import ROUTING_HEADERS, BadTarget
+from ..proxy.target import ADDRESSED_BY, ROUTING_HEADERS, BadTarget
 from ..proxy.websocket import bridge_websocket
 from ..state.credentials import SqlSigningKeyStore
 from ..state.idempotency import SqlKeyStore
@@ -316,6 +316,8 @@ class ControlProxy:
             for k, v in scope["headers"]
             if k.lower() not in _DROP and k.lower() not in ROUTING_HEADERS
         ]
+        # The node sandboxes what a client reached by path (`proxy/isolation.py`).
+        forward.append((ADDRESSED_BY, b"path" if target.by_path else b"other"))
         if b"content-length" in headers:
             forward.append((b"content-length", headers[b"content-length"]))
         request = plane.client.build_request(

@@ -18,6 +18,7 @@ from ..wire import (
     ENVD_PORT,
     TRAFFIC_TOKEN_HEADER,
 )
+from .isolation import isolated
 from .signedurl import signer_target
 from .stream import (
     HOP_BY_HOP,
@@ -114,6 +115,8 @@ class SandboxProxy:
                 scope, send, ErrorAnswer(403, f"missing or invalid {TRAFFIC_TOKEN_HEADER.lower()}")
             )
             return
+        if target.shares_origin(headers):
+            send = isolated(send)
         if scope["type"] == "websocket":
             hostport = f"{route.host}:{target.port}"
             secure = route.scheme(target.port) == "https"

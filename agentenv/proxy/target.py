@@ -10,8 +10,11 @@ from ..wire import ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER
 # As ASGI spells them: lower-case bytes.
 SANDBOX_ID = SANDBOX_ID_HEADER.lower().encode()
 SANDBOX_PORT = SANDBOX_PORT_HEADER.lower().encode()
+# How the client addressed the sandbox, as a control plane's relay (always in the path
+# form) tells the node: `path`, or `other` for a header or host name.
+ADDRESSED_BY = b"aenv-addressed-by"
 # They name the target here and never travel on to a guest.
-ROUTING_HEADERS = frozenset((SANDBOX_ID, SANDBOX_PORT))
+ROUTING_HEADERS = frozenset((SANDBOX_ID, SANDBOX_PORT, ADDRESSED_BY))
 _PROXY_PATH = re.compile(r"^/proxy/([a-z0-9]+)/(\d+)(/.*)?$")
 
 
@@ -21,6 +24,13 @@ class Target:
     port: int
     # The path (and query) the guest sees: `/proxy/<id>/<port>` is removed.
     path: str
+    # Addressed by the `/proxy/` path: on the server's own origin, the console's.
+    by_path: bool = False
+
+    def shares_origin(self, headers: dict[bytes, bytes]) -> bool:
+        """Whether the client reached it on the server's origin (by path, also through a
+        control plane's relay)."""
+        return self.by_path and headers.get(ADDRESSED_BY, b"path") == b"path"
 
 
 class BadTarget(ValueError):
@@ -58,5 +68,6 @@ def find_target(headers: dict[bytes, bytes], raw_path: str, domain: str) -> Targ
     if match:
         rest = match.group(3) or "/"
         query = raw_path.partition("?")[2]
-        return Target(match.group(1), _port(match.group(2)), rest + ("?" + query if query else ""))
+        path = rest + ("?" + query if query else "")
+        return Target(match.group(1), _port(match.group(2)), path, by_path=True)
     return None

@@ -150,3 +150,28 @@ def test_a_sandbox_appears_and_its_terminal_files_and_pause_work(
         assert watched.problems == [], watched.problems
     finally:
         sandbox.kill()
+
+
+STEALER = """<!doctype html><title>?</title><script>
+try { document.title = "read: " + sessionStorage.getItem("aenv.apiKey"); }
+catch (e) { document.title = "refused: " + e.name; }
+</script>"""
+
+
+def test_a_guest_page_on_the_consoles_origin_cannot_read_its_key(
+    page: tuple[Page, Watched],
+) -> None:
+    console, _ = page
+    sandbox = Sandbox.create(timeout=120)
+    try:
+        sandbox.files.write("/home/user/site/index.html", STEALER)
+        sandbox.commands.run("cd /home/user/site && python3 -m http.server 8000", background=True)
+        sandbox.commands.run(
+            "for i in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/8000) 2>/dev/null && break;"
+            " sleep 0.2; done"
+        )
+        # The same tab that holds the key, led to the guest's page by its /proxy/ path.
+        console.goto(f"{console.url.split('/console')[0]}/proxy/{sandbox.sandbox_id}/8000/")
+        expect(console).to_have_title("refused: SecurityError")
+    finally:
+        sandbox.kill()

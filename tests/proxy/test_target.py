@@ -22,8 +22,9 @@ def test_host_routing_only_with_a_domain() -> None:
 
 
 def test_path_routing_strips_the_prefix() -> None:
-    assert find_target({}, "/proxy/iabc/8080/x/y?q=1", "") == Target("iabc", 8080, "/x/y?q=1")
-    assert find_target({}, "/proxy/iabc/8080", "") == Target("iabc", 8080, "/")
+    by_path = find_target({}, "/proxy/iabc/8080/x/y?q=1", "")
+    assert by_path == Target("iabc", 8080, "/x/y?q=1", by_path=True)
+    assert find_target({}, "/proxy/iabc/8080", "") == Target("iabc", 8080, "/", by_path=True)
     assert find_target({}, "/v2/sandboxes", "") is None
 
 
@@ -47,3 +48,13 @@ def test_non_ascii_digits_in_a_host_are_bad_targets(port: str) -> None:
     host = f"{port}-iabc.sbx.example.com".encode("latin-1")
     with pytest.raises(BadTarget, match="not a TCP port"):
         find_target({b"host": host}, "/", "sbx.example.com")
+
+
+def test_only_the_path_form_shares_the_servers_origin() -> None:
+    by_path = find_target({}, "/proxy/iabc/8080/", "")
+    assert by_path is not None and by_path.shares_origin({})
+    # Relayed by a control plane: the client's own form decides.
+    assert by_path.shares_origin({b"aenv-addressed-by": b"path"})
+    assert not by_path.shares_origin({b"aenv-addressed-by": b"other"})
+    by_header = find_target({b"e2b-sandbox-id": b"iabc"}, "/proxy/iabc/8080/", "")
+    assert by_header is not None and not by_header.shares_origin({})

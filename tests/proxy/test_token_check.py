@@ -64,15 +64,21 @@ class Guest:
         return httpx.Response(200, stream=httpx.ByteStream(b"{}"))
 
 
+ROUTED = {b"e2b-sandbox-id": b"iabc"}
+
+
 async def through_proxy(
     raw_path: bytes,
     query: bytes = b"",
     headers: dict[bytes, bytes] | None = None,
     route: Route = ROUTE,
     wake: Any = None,
+    by_header: bool = True,
+    sent: list[dict[str, Any]] | None = None,
 ) -> tuple[int, dict[str, Any] | None, Guest]:
-    """One GET through the proxy to sandbox `iabc`; the guest is an in-memory transport.
-    With `wake`, the sandbox has no route until `wake` gives one (a paused sandbox)."""
+    """One GET through the proxy to sandbox `iabc` (named by header, or by `raw_path`);
+    the guest is an in-memory transport. With `wake`, the sandbox has no route until
+    `wake` gives one (a paused sandbox). `sent` collects the answer's ASGI messages."""
 
     async def api(scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError("sandbox traffic reached the API")
@@ -99,9 +105,9 @@ async def through_proxy(
         "path": raw_path.decode("latin-1"),
         "raw_path": raw_path,
         "query_string": query,
-        "headers": list({b"e2b-sandbox-id": b"iabc", **(headers or {})}.items()),
+        "headers": list(((dict(ROUTED) if by_header else {}) | (headers or {})).items()),
     }
-    sent: list[dict[str, Any]] = []
+    sent = [] if sent is None else sent
     requests = [{"type": "http.request", "body": b"", "more_body": False}]
 
     async def receive() -> dict[str, Any]:
