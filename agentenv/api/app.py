@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable
@@ -12,6 +13,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from ..config import Config
+from ..console.metrics import DensityHistory, DensityPoint, density_of, operation_histograms
 from ..console.site import site_router
 from ..credentials.sealing import server_sealer
 from ..images.buildfiles import signing_key
@@ -34,7 +36,7 @@ from . import (
     volumes,
 )
 from .auth import ApiKeyAuth, load_or_create_api_key
-from .console import SandboxFeed, events_router
+from .console import SandboxFeed, console_router
 from .deps import NodeDep
 from .errors import install_error_handlers
 from .idempotency import NODE, IdempotentOperations
@@ -56,9 +58,12 @@ def build_api(cfg: Config, api_key: str, *, hollow: bool = False) -> FastAPI:
         node = await Node.open(cfg, signing_key(api_key), sealer=sealer, hollow=hollow)
         app.state.node = node
         app.state.idempotency = SqlKeyStore(node.nodes.engine)
+        app.state.density = DensityHistory(lambda: _density(node))
+        sampler = asyncio.create_task(app.state.density.run())
         try:
             yield
         finally:
+            sampler.cancel()
             await node.close()
 
     app = FastAPI(title="AgentENV", version="0.1.0", lifespan=lifespan)
@@ -85,7 +90,7 @@ def build_api(cfg: Config, api_key: str, *, hollow: bool = False) -> FastAPI:
         return Response(exposition(), media_type=CONTENT_TYPE)
 
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
-    protected.include_router(events_router(_node_feed))
+    protected.include_router(console_router(_node_feed, _node_metrics))
     protected.include_router(sandboxes.router)
     protected.include_router(sandboxlogs.router)
     protected.include_router(snapshots.router)
@@ -113,6 +118,15 @@ def _node_feed(request: Request) -> SandboxFeed:
     """The console's list on a node: its own sandboxes, with their host memory."""
     node: Node = request.app.state.node
     return SandboxFeed(node.manager.store, everyone=False, annotate=partial(with_host_memory, node))
+
+
+async def _density(node: Node) -> DensityPoint:
+    return density_of([await node.capacity()])
+
+
+async def _node_metrics(request: Request) -> dict[str, Any]:
+    """The console's metrics on a node: its own operations and density."""
+    return {"operations": operation_histograms(), "density": request.app.state.density.points()}
 
 
 def create_app(cfg: Config, *, hollow: bool = False) -> Any:

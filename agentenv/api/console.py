@@ -3,7 +3,7 @@ over a node's records or, behind a control plane, every node's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from .listing import listed_fields
 from .models import ListedSandbox
 
 EVENTS = "/console/api/sandboxes/events"
+METRICS = "/console/api/metrics"
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,18 @@ class SandboxFeed:
         return [row.model_dump(mode="json") for row in listed]
 
 
-def events_router(feed_of: Callable[[Request], SandboxFeed]) -> APIRouter:
-    """`GET /console/api/sandboxes/events`, behind the caller's API-key dependency."""
+def console_router(
+    feed_of: Callable[[Request], SandboxFeed],
+    metrics_of: Callable[[Request], Awaitable[dict[str, Any]]],
+) -> APIRouter:
+    """The console's routes (its list stream, its metrics), behind the caller's API-key
+    dependency."""
     router = APIRouter(include_in_schema=False)
+
+    @router.get(METRICS)
+    async def console_metrics(request: Request) -> dict[str, Any]:
+        """`operations`: latency histograms; `density`: the last hour's samples."""
+        return await metrics_of(request)
 
     @router.get(EVENTS)
     async def sandbox_events(request: Request) -> StreamingResponse:

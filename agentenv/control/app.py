@@ -25,7 +25,7 @@ from starlette.background import BackgroundTask
 
 from ..api.auth import ApiKeyAuth, load_or_create_api_key
 from ..api.builds import UPLOADS
-from ..api.console import SandboxFeed, events_router
+from ..api.console import METRICS, SandboxFeed, console_router
 from ..api.errors import error_response, install_error_handlers
 from ..api.idempotency import CONTROL, IdempotentOperations
 from ..api.identity import public_router
@@ -35,6 +35,7 @@ from ..api.models import ListedSandbox, SandboxDetail, SandboxesWithMetrics
 from ..api.sandboxes import public_domain, sandbox_detail
 from ..api.volumes import CONTENT
 from ..config import Config
+from ..console.metrics import DensityHistory, DensityPoint, Histograms, density_of, merged
 from ..console.site import site_router
 from ..credentials.identity import IdentitySettings, PublicKeys
 from ..errors import ErrorAnswer, NotFound
@@ -57,6 +58,7 @@ from ..state.lifecycle import State
 from ..state.lost import LostSandbox
 from ..state.nodes import NodeEvent, NodeInfo, NodeState
 from ..state.sandboxes import open_engine
+from ..wire import API_KEY_HEADER
 from .plane import ControlPlane
 
 # Headers a relayed API request does not carry on (httpx sets its own framing and host).
@@ -80,6 +82,29 @@ def _plane(request: Request) -> ControlPlane:
 Plane = Annotated[ControlPlane, Depends(_plane)]
 
 
+async def _live_density(plane: ControlPlane) -> DensityPoint:
+    return density_of(n.capacity for n in await plane.live_nodes())
+
+
+async def _every_nodes_metrics(request: Request) -> dict[str, Any]:
+    """The console's metrics behind a control plane: every live node's operations as one,
+    and the fleet's density as sampled here."""
+    plane = _plane(request)
+    key = {API_KEY_HEADER: request.headers.get(API_KEY_HEADER, "")}
+
+    async def of(node: NodeInfo) -> Histograms:
+        try:
+            answer = await plane.client.get(node.url + METRICS, headers=key, timeout=5.0)
+            answer.raise_for_status()
+            operations: Histograms = answer.json()["operations"]
+            return operations
+        except (httpx.HTTPError, ValueError, KeyError):
+            return {}  # a node that cannot say now is left out of this answer
+
+    parts = await asyncio.gather(*(of(n) for n in await plane.live_nodes()))
+    return {"operations": merged(parts), "density": request.app.state.density.points()}
+
+
 def _every_nodes_feed(request: Request) -> SandboxFeed:
     """The console's list behind a control plane: every node's sandboxes, from the store."""
     return SandboxFeed(_plane(request).sandboxes, everyone=True)
@@ -98,12 +123,15 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
             app.state.plane = plane
             app.state.idempotency = SqlKeyStore(engine)
             watcher = asyncio.create_task(plane.watch())
+            app.state.density = DensityHistory(lambda: _live_density(plane))
+            sampler = asyncio.create_task(app.state.density.run())
             try:
                 yield
             finally:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+                for task in (watcher, sampler):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
                 await engine.dispose()
 
     identity_settings = IdentitySettings.of(cfg)
@@ -136,7 +164,7 @@ def build_control_api(cfg: Config, api_key: str) -> FastAPI:
     # Verifiers of workload identity tokens: from the store, with no node and no API key.
     app.include_router(public_router(lambda request: request.app.state.identity))
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
-    protected.include_router(events_router(_every_nodes_feed))
+    protected.include_router(console_router(_every_nodes_feed, _every_nodes_metrics))
 
     @protected.get("/nodes")
     async def list_nodes(plane: Plane) -> list[dict[str, Any]]:

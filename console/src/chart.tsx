@@ -1,31 +1,38 @@
-// A time series drawn by uPlot (a small canvas charting library).
+// Time series drawn by uPlot (a small canvas charting library).
 
 import { useEffect, useRef } from "preact/hooks";
 import uPlot from "uplot";
 
-export function LineChart({ title, times, values }: { title: string; times: number[]; values: number[] }) {
+export interface Series {
+  label: string;
+  values: number[];
+}
+
+const COLOURS = ["#2b6cb0", "#c05621", "#2f855a", "#6b46c1"];
+
+export function LineChart({ title, times, series }: { title: string; times: number[]; series: Series[] }) {
   const host = useRef<HTMLDivElement>(null);
   const plot = useRef<uPlot | null>(null);
+  const labels = series.map((s) => s.label).join("|");
 
   useEffect(() => {
     plot.current = new uPlot(
       {
         title,
-        width: 420,
-        height: 180,
-        series: [{}, { label: title, stroke: "#2b6cb0", width: 2 }],
-        axes: [{}, { size: 50 }],
-        legend: { show: false },
+        width: 440,
+        height: 200,
+        series: [{}, ...series.map((s, i) => ({ label: s.label, stroke: COLOURS[i % COLOURS.length], width: 2 }))],
+        axes: [{}, { size: 60 }],
       },
-      [[], []],
+      [times, ...series.map((s) => s.values)],
       host.current!,
     );
     return () => plot.current?.destroy();
-  }, [title]);
+  }, [title, labels]);
 
   useEffect(() => {
-    plot.current?.setData([times, values]);
-  }, [times, values]);
+    plot.current?.setData([times, ...series.map((s) => s.values)]);
+  }, [times, series]);
 
   return <div class="chart" ref={host} />;
 }

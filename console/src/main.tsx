@@ -9,6 +9,7 @@ import { useEffect, useState } from "preact/hooks";
 
 import { apiKey, keyWorks, onSignOut, signIn, signOut } from "./api";
 import { FleetProvider } from "./fleet";
+import { MetricsPage } from "./pages/metrics";
 import { NodesPage } from "./pages/nodes";
 import { SandboxPage } from "./pages/sandbox";
 import { SandboxesPage } from "./pages/sandboxes";
@@ -61,6 +62,7 @@ function Page({ hash }: { hash: string }) {
   if (section === "sandboxes" && id) return <SandboxPage id={decodeURIComponent(id)} />;
   if (section === "nodes") return <NodesPage />;
   if (section === "templates") return <TemplatesPage />;
+  if (section === "metrics") return <MetricsPage />;
   return <SandboxesPage />;
 }
 
@@ -74,7 +76,7 @@ function App() {
     <FleetProvider>
       <nav>
         <strong>AgentENV</strong>
-        {["sandboxes", "templates", "nodes"].map((name) => (
+        {["sandboxes", "templates", "nodes", "metrics"].map((name) => (
           <a href={`#/${name}`} class={current === name ? "current" : ""}>
             {name[0].toUpperCase() + name.slice(1)}
           </a>

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.testclient import TestClient
 
 from agentenv.api.auth import ApiKeyAuth
-from agentenv.api.console import EVENTS, events_router
+from agentenv.api.console import EVENTS, METRICS, console_router
 from agentenv.api.errors import install_error_handlers
 from agentenv.console import site
 
@@ -39,11 +39,15 @@ class OneSandbox:
         return [{"sandboxID": i} for i in ids]
 
 
+async def no_metrics(_: object) -> dict[str, Any]:
+    return {"operations": {}, "density": []}
+
+
 def app() -> FastAPI:
     api = FastAPI()
     install_error_handlers(api)
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(KEY))])
-    protected.include_router(events_router(lambda _: OneSandbox()))  # type: ignore[arg-type,return-value]
+    protected.include_router(console_router(lambda _: OneSandbox(), no_metrics))  # type: ignore[arg-type,return-value]
     api.include_router(protected)
     api.include_router(site.site_router())
     return api
@@ -80,9 +84,11 @@ def test_an_unbuilt_console_says_how_to_build_it(
     assert "make console" in answer.json()["message"]
 
 
-def test_the_list_stream_needs_the_key() -> None:
+def test_the_consoles_routes_need_the_key() -> None:
     client = TestClient(app())
     assert client.get(EVENTS).status_code == 401
+    assert client.get(METRICS).status_code == 401
+    assert client.get(METRICS, headers={"X-API-Key": KEY}).json()["density"] == []
     with client.stream("GET", EVENTS, headers={"X-API-Key": KEY}) as answer:
         assert answer.headers["content-type"].startswith("text/event-stream")
         first = next(answer.iter_lines())

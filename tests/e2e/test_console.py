@@ -147,6 +147,16 @@ def test_a_sandbox_appears_and_its_terminal_files_and_pause_work(
         assert sandbox.commands.run("cat /home/user/from-the-browser.txt").stdout == (
             upload.read_text()
         )
+
+        console.get_by_role("link", name="Metrics").click()
+        for operation in ("create", "pause", "resume"):
+            expect(console.locator(f'[data-operation="{operation}"]')).to_be_visible()
+        expect(console.get_by_test_id("density").locator("canvas")).to_have_count(3)
+
+        console.get_by_role("link", name="Sandboxes").click()
+        console.once("dialog", lambda dialog: dialog.accept())
+        row.get_by_role("button", name="Kill").click()
+        expect(row).to_have_count(0, timeout=20_000)
         assert watched.problems == [], watched.problems
     finally:
         sandbox.kill()

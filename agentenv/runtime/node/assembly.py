@@ -34,7 +34,7 @@ from ...net.netns import ensure_host_forwarding
 from ...net.tunnels import EgressTunnels
 from ...observe.metrics import CACHE, CAPACITY_MB, DISK_MB, SANDBOXES, set_counts
 from ...state.lifecycle import State
-from ...state.nodes import NodeRegistry
+from ...state.nodes import NodeCapacity, NodeRegistry
 from ...state.sandboxes import SandboxRecord, SqlSandboxStore
 from ...storage.blockd import BlockdClient
 from ...storage.blockd.hollow import HollowBlockd
@@ -60,7 +60,7 @@ from ..snapshots.persist import Uploads
 from ..snapshots.servedram import ServedRam
 from .buildhost import NodeBuildHost
 from .collect import Collector
-from .heartbeat import NodePresence
+from .heartbeat import NodePresence, node_capacity
 from .interpreter import TEMPLATE as CODE_INTERPRETER
 from .interpreter import CodeInterpreterTemplate
 from .memorykeeper import MemoryKeeper
@@ -114,6 +114,10 @@ class Node:
             builds, cfg.node_name, snapshots.registry.lookup
         )
         self._stack = stack
+
+    async def capacity(self) -> NodeCapacity:
+        """What this node holds and may take now (what its heartbeat reports)."""
+        return await node_capacity(self.manager, self.snapshots, self.blockd)
 
     @classmethod
     async def open(

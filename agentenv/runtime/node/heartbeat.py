@@ -21,6 +21,35 @@ from .handoff import release_moved
 log = logging.getLogger(__name__)
 
 
+async def node_capacity(
+    manager: SandboxManager,
+    snapshots: SandboxSnapshots,
+    blockd: BlockdClient,
+    *,
+    hollow: bool = False,
+) -> NodeCapacity:
+    """What a node holds and may take now, as its heartbeat reports it."""
+    records = await manager.store.footprints()
+    committed = committed_by(records)
+    mounts = await asyncio.to_thread(blockd.status)
+    cores = os.cpu_count() or 1
+    return NodeCapacity(
+        memory_mb=manager.intake.capacity.memory_mb,
+        committed_memory_mb=sum(d.memory_mb for d in committed),
+        disk_mb=manager.intake.capacity.disk_mb,
+        committed_disk_mb=sum(d.disk_mb for d in committed),
+        max_vcpus=manager.intake.capacity.max_vcpus,
+        cores=cores,
+        committed_vcpus=sum(d.vcpus for d in committed),
+        cpu_load=round(os.getloadavg()[0] / cores, 3),
+        running=sum(PUBLIC_STATE[r.state] == "running" for r in records),
+        paused=sum(PUBLIC_STATE[r.state] == "paused" for r in records),
+        layers=[m["layers"][-1] for m in mounts.get("mounts", []) if m.get("layers")],
+        snapshots=await asyncio.to_thread(snapshots.local_ids),
+        hollow=hollow,
+    )
+
+
 class NodePresence:
     """This node's row in the `nodes` table."""
 
@@ -43,26 +72,7 @@ class NodePresence:
         self._stop = stop or (lambda: os.kill(os.getpid(), signal.SIGTERM))
 
     async def capacity(self) -> NodeCapacity:
-        manager = self.manager
-        records = await manager.store.footprints()
-        committed = committed_by(records)
-        mounts = await asyncio.to_thread(self.blockd.status)
-        cores = os.cpu_count() or 1
-        return NodeCapacity(
-            memory_mb=manager.intake.capacity.memory_mb,
-            committed_memory_mb=sum(d.memory_mb for d in committed),
-            disk_mb=manager.intake.capacity.disk_mb,
-            committed_disk_mb=sum(d.disk_mb for d in committed),
-            max_vcpus=manager.intake.capacity.max_vcpus,
-            cores=cores,
-            committed_vcpus=sum(d.vcpus for d in committed),
-            cpu_load=round(os.getloadavg()[0] / cores, 3),
-            running=sum(PUBLIC_STATE[r.state] == "running" for r in records),
-            paused=sum(PUBLIC_STATE[r.state] == "paused" for r in records),
-            layers=[m["layers"][-1] for m in mounts.get("mounts", []) if m.get("layers")],
-            snapshots=await asyncio.to_thread(self.snapshots.local_ids),
-            hollow=self.hollow,
-        )
+        return await node_capacity(self.manager, self.snapshots, self.blockd, hollow=self.hollow)
 
     async def register(self) -> None:
         url = self.manager.cfg.advertise_url

@@ -54,8 +54,8 @@ function MetricsView({ id }: { id: string }) {
   const times = useMemo(() => samples.map((s) => s.timestampUnix), [samples]);
   return (
     <section class="panel charts">
-      <LineChart title="CPU %" times={times} values={samples.map((s) => s.cpuUsedPct)} />
-      <LineChart title="Memory used (MiB)" times={times} values={samples.map((s) => s.memUsed / 2 ** 20)} />
+      <LineChart title="CPU %" times={times} series={[{ label: "CPU %", values: samples.map((s) => s.cpuUsedPct) }]} />
+      <LineChart title="Memory (MiB)" times={times} series={[{ label: "used", values: samples.map((s) => s.memUsed / 2 ** 20) }]} />
     </section>
   );
 }
