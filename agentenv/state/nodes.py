@@ -104,6 +104,9 @@ class NodeCapacity:
     layers: list[str] = field(default_factory=list)
     # Snapshots (`name:tag`) whose files it holds.
     snapshots: list[str] = field(default_factory=list)
+    # Its chunk cache: bytes held, and the bound eviction keeps them under.
+    cache_bytes: int = 0
+    cache_limit_bytes: int = 0
     # A hollow node (tests, benchmarks): its sandboxes have no guest.
     hollow: bool = False
 

@@ -10,14 +10,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser
 
 from agentenv.config import load_config
 
+from ..browser import chromium
 from ..live import LiveServer, checked_server, point_sdk
 
 JS_DIR = Path(__file__).with_name("js")
 # The built-in template's build on a fresh server: minutes under TCG (docs/code-interpreter.md).
 TEMPLATE_BUILD_TIMEOUT = 1800.0
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's Chromium, headless, for the console's tests (`tests/browser.py`)."""
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture

@@ -25,11 +25,13 @@ import boto3
 import httpx
 import pytest
 from e2b import Sandbox, Template, Volume
+from playwright.sync_api import Browser, expect
 
 from agentenv.cluster.local import BUCKET, S3_KEYS, ClusterState, LocalCluster, Member
 from agentenv.cluster.postgres import free_port
 from agentenv.net.netns import link_exists
 
+from ..browser import signed_in
 from ..images.oci_build import build_image, busybox_layer, push_image
 from ..live import AENV, HostResources, point_sdk, wait_for
 from ..netlab import lab, probe_command, reached
@@ -426,6 +428,39 @@ def test_nodes_stand_apart_and_their_guests_reach_only_the_internet(cluster: Clu
             assert reached(json.loads(found.stdout)) == {internet: "internet"}
         finally:
             sandbox.kill()
+
+
+def test_the_console_through_the_control_url_opens_any_node_and_drains_one(
+    cluster: Cluster, browser: Browser
+) -> None:
+    sandbox = Sandbox.create()
+    node = cluster.node_of(sandbox.sandbox_id)
+    try:
+        with signed_in(browser, cluster.url, cluster.state.api_key) as (page, watched):
+            row = page.locator(f'[data-sandbox="{sandbox.sandbox_id}"]')
+            expect(row).to_contain_text(node)
+            # Its terminal, relayed by the control plane to its node.
+            row.get_by_role("link").click()
+            status = page.get_by_test_id("terminal-status")
+            expect(status).to_contain_text("connected", timeout=30_000)
+            page.get_by_test_id("terminal").click()
+            page.keyboard.type("echo on-$(hostname)-$((6 * 7))\n")
+            expect(page.locator(".xterm-rows")).to_contain_text("-42", timeout=30_000)
+            # Every node's operations, summed by the control plane.
+            page.get_by_role("link", name="Metrics").click()
+            expect(page.locator('[data-operation="create"]')).to_be_visible(timeout=15_000)
+
+            page.get_by_role("link", name="Nodes").click()
+            listed = page.locator(f'[data-node="{node}"]')
+            listed.get_by_role("button", name="Drain").click()
+            expect(listed.locator(".node-state")).to_have_text("draining")
+            assert cluster.nodes()[node]["state"] == "draining"
+            listed.get_by_role("button", name="Activate").click()
+            expect(listed.locator(".node-state")).to_have_text("active")
+            assert watched.problems == [], watched.problems
+    finally:
+        cluster.api.post(f"/nodes/{node}/activate")
+        sandbox.kill()
 
 
 def test_a_drained_nodes_paused_sandbox_moves_on_resume(cluster: Cluster) -> None:

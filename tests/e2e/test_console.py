@@ -10,87 +10,18 @@ from pathlib import Path
 
 import pytest
 from e2b import Sandbox
-from playwright.sync_api import (
-    Browser,
-    ConsoleMessage,
-    Page,
-    Request,
-    Response,
-    expect,
-    sync_playwright,
-)
+from playwright.sync_api import Browser, Page, expect
 
+from ..browser import Watched, signed_in
 from ..live import TEST_KEY, LiveServer
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
 
-CHROMIUM = "/usr/bin/chromium"
-# A closed network: no background fetches to Google's hosts, no QUIC, no sandbox as root.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
-        )
-        yield launched
-        launched.close()
-
-
-class Watched:
-    """What a page did that the console must never do: violate its policy, or send the
-    API key in a URL or to a sandbox."""
-
-    def __init__(self, page: Page) -> None:
-        self.problems: list[str] = []
-        page.on("console", self._console)
-        page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
-        page.on("request", self._request)
-        page.on("requestfailed", self._failed)
-        page.on("response", self._response)
-
-    def _console(self, message: ConsoleMessage) -> None:
-        if "Content Security Policy" in message.text:
-            self.problems.append(f"policy: {message.text}")
-
-    def _failed(self, request: Request) -> None:
-        # A terminal's stream ends when its sandbox pauses or its page is left.
-        if not request.url.endswith("/process.Process/Start"):
-            self.problems.append(f"failed: {request.method} {request.url}")
-
-    def _response(self, response: Response) -> None:
-        if response.status >= 400:
-            self.problems.append(f"{response.status}: {response.request.method} {response.url}")
-
-    def _request(self, request: Request) -> None:
-        if TEST_KEY in request.url:
-            self.problems.append(f"key in a URL: {request.url}")
-        headers = request.headers
-        if "e2b-sandbox-id" in headers and "x-api-key" in headers:
-            self.problems.append(f"key sent to a sandbox: {request.url}")
-
 
 @pytest.fixture
 def page(browser: Browser, server: LiveServer) -> Iterator[tuple[Page, Watched]]:
-    context = browser.new_context(accept_downloads=True)
-    opened = context.new_page()
-    watched = Watched(opened)
-    opened.goto(server.url + "/console/")
-    opened.get_by_label("API key").fill(TEST_KEY)
-    opened.get_by_role("button", name="Sign in").click()
-    expect(opened.get_by_test_id("live")).to_have_text("live", timeout=10_000)
-    yield opened, watched
-    context.close()
+    with signed_in(browser, server.url, TEST_KEY) as opened:
+        yield opened
 
 
 def test_a_wrong_key_is_refused_and_a_signed_out_console_asks_again(

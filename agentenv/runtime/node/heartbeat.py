@@ -32,6 +32,8 @@ async def node_capacity(
     records = await manager.store.footprints()
     committed = committed_by(records)
     mounts = await asyncio.to_thread(blockd.status)
+    stats = await asyncio.to_thread(blockd.try_stats)
+    cache = (stats or {}).get("cache") or {}
     cores = os.cpu_count() or 1
     return NodeCapacity(
         memory_mb=manager.intake.capacity.memory_mb,
@@ -46,6 +48,8 @@ async def node_capacity(
         paused=sum(PUBLIC_STATE[r.state] == "paused" for r in records),
         layers=[m["layers"][-1] for m in mounts.get("mounts", []) if m.get("layers")],
         snapshots=await asyncio.to_thread(snapshots.local_ids),
+        cache_bytes=int(cache.get("bytes_used", 0)),
+        cache_limit_bytes=manager.cfg.cache.max_bytes,
         hollow=hollow,
     )
 

@@ -4,6 +4,7 @@
 import { useEffect, useState } from "preact/hooks";
 
 import { ApiError, getJson, send } from "../api";
+import { bytes } from "../format";
 
 interface Capacity {
   memory_mb: number;
@@ -15,6 +16,8 @@ interface Capacity {
   cpu_load: number;
   running: number;
   paused: number;
+  cache_bytes: number;
+  cache_limit_bytes: number;
 }
 
 interface NodeView {
@@ -76,6 +79,7 @@ export function NodesPage() {
             <th>Disk committed (MiB)</th>
             <th>vCPUs committed</th>
             <th>Load</th>
+            <th>Chunk cache</th>
             <th>Running</th>
             <th>Paused</th>
             <th />
@@ -91,6 +95,9 @@ export function NodesPage() {
               <td>{share(n.capacity.committed_disk_mb, n.capacity.disk_mb)}</td>
               <td>{share(n.capacity.committed_vcpus, n.capacity.cores)}</td>
               <td>{n.capacity.cpu_load.toFixed(2)}</td>
+              <td>
+                {bytes(n.capacity.cache_bytes ?? 0)} / {bytes(n.capacity.cache_limit_bytes ?? 0)}
+              </td>
               <td>{n.capacity.running}</td>
               <td>{n.capacity.paused}</td>
               <td>
