@@ -36,7 +36,7 @@ from . import (
     volumes,
 )
 from .auth import ApiKeyAuth, load_or_create_api_key
-from .console import SandboxFeed, console_router
+from .console import SandboxFeed, builds_router, console_router
 from .deps import NodeDep
 from .errors import install_error_handlers
 from .idempotency import NODE, IdempotentOperations
@@ -91,6 +91,7 @@ def build_api(cfg: Config, api_key: str, *, hollow: bool = False) -> FastAPI:
 
     protected = APIRouter(dependencies=[Depends(ApiKeyAuth(api_key))])
     protected.include_router(console_router(_node_feed, _node_metrics))
+    protected.include_router(builds_router())
     protected.include_router(sandboxes.router)
     protected.include_router(sandboxlogs.router)
     protected.include_router(snapshots.router)

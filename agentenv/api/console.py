@@ -12,11 +12,14 @@ from fastapi.responses import StreamingResponse
 
 from ..console.events import HEADERS, list_events
 from ..state.sandboxes import SandboxStore
+from .deps import BuildsDep
 from .listing import listed_fields
 from .models import ListedSandbox
 
 EVENTS = "/console/api/sandboxes/events"
 METRICS = "/console/api/metrics"
+# A node's own: a control plane relays it to the node builds go to.
+BUILDS = "/console/api/builds"
 
 
 @dataclass(frozen=True)
@@ -55,5 +58,27 @@ def console_router(
         return StreamingResponse(
             list_events(feed_of(request)), media_type="text/event-stream", headers=HEADERS
         )
+
+    return router
+
+
+def builds_router() -> APIRouter:
+    """`GET /console/api/builds`: this node's template builds kept in memory, newest first
+    (their logs: `GET /templates/{id}/builds/{build}/status`)."""
+    router = APIRouter(include_in_schema=False)
+
+    @router.get(BUILDS)
+    async def recent_builds(builds: BuildsDep) -> list[dict[str, Any]]:
+        return [
+            {
+                "templateID": b.template_id,
+                "buildID": b.build_id,
+                "status": b.status,
+                "createdAt": b.created_at,
+                "finishedAt": b.finished_at,
+                "reason": b.reason,
+            }
+            for b in builds.tracker.recent()
+        ]
 
     return router

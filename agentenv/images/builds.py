@@ -130,6 +130,11 @@ class BuildTracker:
             raise NotFound(f"build '{build_id}' of template '{template_id}' not found")
         return build
 
+    def recent(self) -> list[Build]:
+        """Every build kept, newest first."""
+        with self._lock:
+            return list(reversed(self._builds.values()))
+
     def of_template(self, template_id: str) -> list[Build]:
         """The template's builds, oldest first."""
         with self._lock:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, Template
 from playwright.sync_api import Browser, Page, expect
 
 from ..browser import Watched, signed_in
@@ -91,6 +92,23 @@ def test_a_sandbox_appears_and_its_terminal_files_and_pause_work(
         assert watched.problems == [], watched.problems
     finally:
         sandbox.kill()
+
+
+def test_a_builds_log_is_followed_on_the_templates_page(page: tuple[Page, Watched]) -> None:
+    console, watched = page
+    recipe = Template().from_template("base").run_cmd("echo console-build-$((6 * 7))")
+    with ThreadPoolExecutor(1) as pool:
+        building = pool.submit(Template.build, recipe, "console-built", cpu_count=1, memory_mb=512)
+        console.get_by_role("link", name="Templates").click()
+        build = console.locator("[data-build]").filter(has_text="console-built").first
+        build.get_by_role("button", name="Log").click()
+        expect(console.get_by_test_id("build-log")).to_contain_text(
+            "console-build-42", timeout=120_000
+        )
+        expect(console.get_by_test_id("build-status")).to_have_text("ready", timeout=120_000)
+        building.result()
+    expect(console.locator('[data-template="console-built"]')).to_be_visible(timeout=10_000)
+    assert watched.problems == [], watched.problems
 
 
 STEALER = """<!doctype html><title>?</title><script>

@@ -6,6 +6,7 @@ import { useEffect, useState } from "preact/hooks";
 import { getJson } from "../api";
 import { useFleet } from "../fleet";
 import { bytes } from "../format";
+import { BuildsView } from "./builds";
 
 interface Template {
   templateID: string;
@@ -110,6 +111,7 @@ export function TemplatesPage() {
           ))}
         </tbody>
       </table>
+      <BuildsView />
     </section>
   );
 }
