@@ -72,8 +72,10 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# Two workers, a test module each at a time: most of a VM test is waiting on a guest, so
+# two at once take about half the time on two cores (docs/testing.md).
 test: test-deps kit console lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 quick-test: venv
 	$(BIN)/pytest -q -m 'not vm and not slow'
