@@ -4,6 +4,7 @@ scripts only; a clear 503 when they were never built; its stream behind the API 
 from __future__ import annotations
 
 import gzip
+import json
 from collections.abc import Hashable, Mapping
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,13 @@ def test_the_consoles_routes_need_the_key() -> None:
         assert answer.headers["content-type"].startswith("text/event-stream")
         first = next(answer.iter_lines())
         assert first == "event: snapshot"
+
+
+def test_the_built_console_weighs_under_its_budget() -> None:
+    """At most 300 KB gzipped for the page and everything it loads (`make console`)."""
+    sizes = site.ASSETS / "sizes.json"
+    if not sizes.is_file():
+        pytest.skip("the console is not built here (`make console`; `make test` builds it)")
+    built = json.loads(sizes.read_text())
+    assert set(built) == {"index.html", "app.js", "app.css"}
+    assert sum(entry["gzipped"] for entry in built.values()) <= 300 * 1024

@@ -22,9 +22,11 @@ JS_DIR = Path(__file__).with_name("js")
 TEMPLATE_BUILD_TIMEOUT = 1800.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def browser() -> Iterator[Browser]:
-    """Debian's Chromium, headless, for the console's tests (`tests/browser.py`)."""
+    """Debian's Chromium, headless, for the console's tests (`tests/browser.py`). One per
+    test: Playwright's sync API runs an event loop in this thread while it is open, and
+    later tests of a module call `asyncio.run`."""
     with chromium() as launched:
         yield launched
 
