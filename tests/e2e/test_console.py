@@ -53,6 +53,8 @@ def test_a_sandbox_appears_and_its_terminal_files_and_pause_work(
         started = time.monotonic()
         expect(row).to_be_visible(timeout=2_000)
         print(f"listed in the console {time.monotonic() - started:.2f} s after create returned")
+        # Its CPU and memory use, asked for the drawn rows in one request.
+        expect(row).to_contain_text("% of 1", timeout=20_000)
 
         row.get_by_role("link").click()
         status = console.get_by_test_id("terminal-status")

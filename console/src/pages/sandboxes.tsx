@@ -3,13 +3,39 @@
 
 import { useEffect, useMemo, useState } from "preact/hooks";
 
-import type { Sandbox } from "../api";
+import { getJson, type Metric, type Sandbox } from "../api";
 import { SandboxActions } from "../actions";
 import { age, timeLeft } from "../format";
 import { useFleet } from "../fleet";
 
 const ROW_HEIGHT = 32;
+// How often the drawn rows' CPU and memory are asked for, in one request for them all.
+const USAGE_MS = 5000;
+// E2B's bound on one request for many sandboxes' metrics.
+const USAGE_BATCH = 100;
 const OVERSCAN = 10;
+
+/** The latest CPU and memory of `ids` (running sandboxes drawn now), one request a tick. */
+function useUsage(ids: string[]): Map<string, Metric> {
+  const [usage, setUsage] = useState(new Map<string, Metric>());
+  const key = ids.slice(0, USAGE_BATCH).join(",");
+  useEffect(() => {
+    if (!key) return;
+    let stopped = false;
+    const tick = () =>
+      getJson<{ sandboxes: Record<string, Metric> }>(`/sandboxes/metrics?sandbox_ids=${encodeURIComponent(key)}`).then(
+        (found) => !stopped && setUsage(new Map(Object.entries(found.sandboxes))),
+        () => undefined,
+      );
+    void tick();
+    const timer = setInterval(tick, USAGE_MS);
+    return () => {
+      stopped = true;
+      clearInterval(timer);
+    };
+  }, [key]);
+  return usage;
+}
 
 interface Filter {
   state: string;
@@ -25,6 +51,15 @@ function matches(sandbox: Sandbox, filter: Filter): boolean {
     if (sandbox.metadata?.[key.trim()] !== value.trim()) return false;
   }
   return true;
+}
+
+function cpu(sandbox: Sandbox, used: Metric | undefined): string {
+  return used ? `${Math.round(used.cpuUsedPct)}% of ${sandbox.cpuCount}` : `${sandbox.cpuCount} vCPU`;
+}
+
+function memory(sandbox: Sandbox, used: Metric | undefined): string {
+  if (used) return `${Math.round(used.memUsed / 2 ** 20)} / ${sandbox.memoryMB} MiB`;
+  return sandbox.hostMemoryMB != null ? `${sandbox.hostMemoryMB} / ${sandbox.memoryMB} MiB` : `${sandbox.memoryMB} MiB`;
 }
 
 export function SandboxesPage() {
@@ -51,6 +86,8 @@ export function SandboxesPage() {
   const first = Math.max(0, Math.floor(scrollTop / ROW_HEIGHT) - OVERSCAN);
   const last = Math.min(rows.length, Math.ceil((scrollTop + viewHeight) / ROW_HEIGHT) + OVERSCAN);
   const now = Date.now();
+  const drawn = rows.slice(first, last);
+  const usage = useUsage(drawn.filter((s) => s.state === "running").map((s) => s.sandboxID));
 
   return (
     <section>
@@ -105,15 +142,15 @@ export function SandboxesPage() {
         onScroll={(e) => setScrollTop(e.currentTarget.scrollTop)}
       >
         <div style={{ height: `${rows.length * ROW_HEIGHT}px`, position: "relative" }}>
-          {rows.slice(first, last).map((s, i) => (
+          {drawn.map((s, i) => (
             <div class="sandbox-row" key={s.sandboxID} data-sandbox={s.sandboxID} style={{ top: `${(first + i) * ROW_HEIGHT}px` }}>
               <a href={`#/sandboxes/${s.sandboxID}`}>{s.sandboxID}</a>
               <span>{s.alias || s.templateID}</span>
               <span class={`state ${s.state}`}>{s.state}</span>
               <span>{s.node ?? "—"}</span>
               <span>{age(s.startedAt, now)}</span>
-              <span>{s.cpuCount} vCPU</span>
-              <span>{s.hostMemoryMB != null ? `${s.hostMemoryMB} / ${s.memoryMB} MiB` : `${s.memoryMB} MiB`}</span>
+              <span>{cpu(s, usage.get(s.sandboxID))}</span>
+              <span>{memory(s, usage.get(s.sandboxID))}</span>
               <span>{s.state === "running" ? timeLeft(s.endAt, now) : "—"}</span>
               <SandboxActions sandbox={s} compact />
             </div>
