@@ -96,3 +96,13 @@ def signed_in(browser: Browser, url: str, key: str) -> Iterator[tuple[Page, Watc
         yield page, watched
     finally:
         context.close()
+
+
+def run_in_terminal(page: Page, command: str, shown: str, timeout: float = 30_000) -> None:
+    """On a sandbox's page: wait for its terminal, type `command` and a newline, and wait
+    until the screen's text shows `shown`."""
+    status = page.get_by_test_id("terminal-status")
+    expect(status).to_contain_text("connected", timeout=timeout)
+    page.get_by_test_id("terminal").click()
+    page.keyboard.type(command + "\n")
+    expect(page.locator(".xterm-rows")).to_contain_text(shown, timeout=timeout)

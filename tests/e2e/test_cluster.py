@@ -31,7 +31,7 @@ from agentenv.cluster.local import BUCKET, S3_KEYS, ClusterState, LocalCluster, 
 from agentenv.cluster.postgres import free_port
 from agentenv.net.netns import link_exists
 
-from ..browser import signed_in
+from ..browser import run_in_terminal, signed_in
 from ..images.oci_build import build_image, busybox_layer, push_image
 from ..live import AENV, HostResources, point_sdk, wait_for
 from ..netlab import lab, probe_command, reached
@@ -441,11 +441,7 @@ def test_the_console_through_the_control_url_opens_any_node_and_drains_one(
             expect(row).to_contain_text(node)
             # Its terminal, relayed by the control plane to its node.
             row.get_by_role("link").click()
-            status = page.get_by_test_id("terminal-status")
-            expect(status).to_contain_text("connected", timeout=30_000)
-            page.get_by_test_id("terminal").click()
-            page.keyboard.type("echo on-$(hostname)-$((6 * 7))\n")
-            expect(page.locator(".xterm-rows")).to_contain_text("-42", timeout=30_000)
+            run_in_terminal(page, "echo relayed-$((6 * 7))", "relayed-42")
             # Every node's operations, summed by the control plane.
             page.get_by_role("link", name="Metrics").click()
             expect(page.locator('[data-operation="create"]')).to_be_visible(timeout=15_000)

@@ -13,7 +13,7 @@ import pytest
 from e2b import Sandbox, Template
 from playwright.sync_api import Browser, Page, expect
 
-from ..browser import Watched, signed_in
+from ..browser import Watched, run_in_terminal, signed_in
 from ..live import TEST_KEY, LiveServer
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
@@ -57,11 +57,7 @@ def test_a_sandbox_appears_and_its_terminal_files_and_pause_work(
         expect(row).to_contain_text("% of 1", timeout=20_000)
 
         row.get_by_role("link").click()
-        status = console.get_by_test_id("terminal-status")
-        expect(status).to_contain_text("connected", timeout=20_000)
-        console.get_by_test_id("terminal").click()
-        console.keyboard.type("echo console-$((6 * 7))\n")
-        expect(console.locator(".xterm-rows")).to_contain_text("console-42", timeout=20_000)
+        run_in_terminal(console, "echo console-$((6 * 7))", "console-42")
 
         upload = tmp_path / "from-the-browser.txt"
         upload.write_text("uploaded through the console\n")

@@ -4,6 +4,7 @@
 import { useEffect, useState } from "preact/hooks";
 
 import { getJson } from "../api";
+import { usePolled } from "../polling";
 
 interface BuildSummary {
   templateID: string;
@@ -64,14 +65,8 @@ function BuildLog({ build }: { build: BuildSummary }) {
 }
 
 export function BuildsView() {
-  const [builds, setBuilds] = useState<BuildSummary[]>([]);
+  const builds = usePolled<BuildSummary[]>("/console/api/builds", 3000).value ?? [];
   const [open, setOpen] = useState<BuildSummary | null>(null);
-  useEffect(() => {
-    const load = () => getJson<BuildSummary[]>("/console/api/builds").then(setBuilds, () => undefined);
-    void load();
-    const timer = setInterval(load, 3000);
-    return () => clearInterval(timer);
-  }, []);
   return (
     <>
       <h2>Builds</h2>

@@ -1,10 +1,10 @@
 // How long operations take (the servers' histograms) and how densely sandboxes pack
 // memory over the last hour (sampled by the server).
 
-import { useEffect, useMemo, useState } from "preact/hooks";
+import { useMemo } from "preact/hooks";
 
-import { getJson } from "../api";
 import { LineChart } from "../chart";
+import { usePolled } from "../polling";
 
 interface Histogram {
   le: (number | null)[];
@@ -56,14 +56,9 @@ function Bars({ name, h }: { name: string; h: Histogram }) {
 }
 
 export function MetricsPage() {
-  const [metrics, setMetrics] = useState<Metrics | null>(null);
-  const [error, setError] = useState<string | null>(null);
-  useEffect(() => {
-    const load = () => getJson<Metrics>("/console/api/metrics").then(setMetrics, (e: Error) => setError(e.message));
-    void load();
-    const timer = setInterval(load, 10_000);
-    return () => clearInterval(timer);
-  }, []);
+  const polled = usePolled<Metrics>("/console/api/metrics", 10_000);
+  const metrics = polled.value;
+  const error = metrics ? null : polled.error?.message;
   const density = metrics?.density ?? [];
   const times = useMemo(() => density.map((p) => p.t), [density]);
   const perGiB = density.map((p) => (p.committed_memory_mb ? ((p.running + p.paused) * 1024) / p.committed_memory_mb : 0));

@@ -1,10 +1,11 @@
 // The nodes behind a control plane: capacity, what is committed, state; drain and
 // activate. A single node has no such list, and says so.
 
-import { useEffect, useState } from "preact/hooks";
+import { useState } from "preact/hooks";
 
-import { ApiError, getJson, send } from "../api";
+import { ApiError, send } from "../api";
 import { bytes } from "../format";
+import { usePolled } from "../polling";
 
 interface Capacity {
   memory_mb: number;
@@ -33,27 +34,19 @@ function share(used: number, total: number): string {
 }
 
 export function NodesPage() {
-  const [nodes, setNodes] = useState<NodeView[] | null>(null);
-  const [single, setSingle] = useState(false);
-  const [error, setError] = useState<string | null>(null);
   const [generation, setGeneration] = useState(0);
-
-  useEffect(() => {
-    const load = () =>
-      getJson<NodeView[]>("/nodes").then(
-        (found) => setNodes(found),
-        (e: Error) => (e instanceof ApiError && e.status === 404 ? setSingle(true) : setError(e.message)),
-      );
-    void load();
-    const timer = setInterval(load, 3000);
-    return () => clearInterval(timer);
-  }, [generation]);
+  const [failed, setFailed] = useState<string | null>(null);
+  const polled = usePolled<NodeView[]>("/nodes", 3000, generation);
+  const single = polled.error instanceof ApiError && polled.error.status === 404;
+  const error = failed ?? (single ? null : polled.error?.message ?? null);
+  const nodes = polled.value;
 
   async function fire(name: string, action: "drain" | "activate") {
     try {
       await send("POST", `/nodes/${encodeURIComponent(name)}/${action}`);
+      setFailed(null);
     } catch (e) {
-      setError((e as Error).message);
+      setFailed((e as Error).message);
     }
     setGeneration((g) => g + 1);
   }

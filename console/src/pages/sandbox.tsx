@@ -6,6 +6,7 @@ import { SandboxActions } from "../actions";
 import { getJson, type LogEntry, type Metric, type SandboxDetail } from "../api";
 import { LineChart } from "../chart";
 import { Envd } from "../envd";
+import { usePolled } from "../polling";
 import { useFleet } from "../fleet";
 import { age, timeLeft } from "../format";
 import { FilesView } from "./files";
@@ -14,43 +15,21 @@ import { TerminalView } from "./terminal";
 // How often the page asks for new log entries and metric samples.
 const REFRESH_MS = 2000;
 
-function usePolled<T>(path: string | null, initial: T, merge: (before: T, fetched: T) => T = (_, f) => f): T {
-  const [value, setValue] = useState(initial);
-  useEffect(() => {
-    if (!path) return;
-    let stopped = false;
-    const tick = async () => {
-      try {
-        const fetched = await getJson<T>(path);
-        if (!stopped) setValue((before) => merge(before, fetched));
-      } catch {
-        // Shown as no change; the page's state line says whether the sandbox is there.
-      }
-    };
-    void tick();
-    const timer = setInterval(tick, REFRESH_MS);
-    return () => {
-      stopped = true;
-      clearInterval(timer);
-    };
-  }, [path]);
-  return value;
-}
-
 function LogsView({ id }: { id: string }) {
-  const logs = usePolled<{ logs: LogEntry[] }>(`/v2/sandboxes/${id}/logs?limit=1000`, { logs: [] });
+  const logs = usePolled<{ logs: LogEntry[] }>(`/v2/sandboxes/${id}/logs?limit=1000`, REFRESH_MS).value?.logs ?? [];
   return (
     <section class="panel">
       <header>Logs</header>
       <pre class="logs" data-testid="logs">
-        {logs.logs.map((entry) => `${entry.timestamp} ${entry.level.padEnd(5)} ${entry.message}\n`).join("")}
+        {logs.map((entry) => `${entry.timestamp} ${entry.level.padEnd(5)} ${entry.message}\n`).join("")}
       </pre>
     </section>
   );
 }
 
 function MetricsView({ id }: { id: string }) {
-  const samples = usePolled<Metric[]>(`/sandboxes/${id}/metrics`, []);
+  const polled = usePolled<Metric[]>(`/sandboxes/${id}/metrics`, REFRESH_MS).value;
+  const samples = useMemo(() => polled ?? [], [polled]);
   const times = useMemo(() => samples.map((s) => s.timestampUnix), [samples]);
   return (
     <section class="panel charts">

@@ -3,10 +3,11 @@
 
 import { useEffect, useMemo, useState } from "preact/hooks";
 
-import { getJson, type Metric, type Sandbox } from "../api";
+import type { Metric, Sandbox } from "../api";
 import { SandboxActions } from "../actions";
 import { age, timeLeft } from "../format";
 import { useFleet } from "../fleet";
+import { usePolled } from "../polling";
 
 const ROW_HEIGHT = 32;
 // How often the drawn rows' CPU and memory are asked for, in one request for them all.
@@ -17,24 +18,10 @@ const OVERSCAN = 10;
 
 /** The latest CPU and memory of `ids` (running sandboxes drawn now), one request a tick. */
 function useUsage(ids: string[]): Map<string, Metric> {
-  const [usage, setUsage] = useState(new Map<string, Metric>());
   const key = ids.slice(0, USAGE_BATCH).join(",");
-  useEffect(() => {
-    if (!key) return;
-    let stopped = false;
-    const tick = () =>
-      getJson<{ sandboxes: Record<string, Metric> }>(`/sandboxes/metrics?sandbox_ids=${encodeURIComponent(key)}`).then(
-        (found) => !stopped && setUsage(new Map(Object.entries(found.sandboxes))),
-        () => undefined,
-      );
-    void tick();
-    const timer = setInterval(tick, USAGE_MS);
-    return () => {
-      stopped = true;
-      clearInterval(timer);
-    };
-  }, [key]);
-  return usage;
+  const path = key ? `/sandboxes/metrics?sandbox_ids=${encodeURIComponent(key)}` : null;
+  const found = usePolled<{ sandboxes: Record<string, Metric> }>(path, USAGE_MS).value;
+  return useMemo(() => new Map(Object.entries(found?.sandboxes ?? {})), [found]);
 }
 
 interface Filter {

@@ -1,11 +1,9 @@
 // Templates and snapshots: what each is, its size and layers, its upload state, and
 // which sandboxes run from it now.
 
-import { useEffect, useState } from "preact/hooks";
-
-import { getJson } from "../api";
 import { useFleet } from "../fleet";
 import { bytes } from "../format";
+import { usePolled } from "../polling";
 import { BuildsView } from "./builds";
 
 interface Template {
@@ -33,19 +31,9 @@ interface Snapshot {
 
 export function TemplatesPage() {
   const { sandboxes } = useFleet();
-  const [templates, setTemplates] = useState<Template[]>([]);
-  const [snapshots, setSnapshots] = useState<Snapshot[]>([]);
-  const [error, setError] = useState<string | null>(null);
-
-  useEffect(() => {
-    const load = () => {
-      getJson<Template[]>("/templates").then(setTemplates, (e: Error) => setError(e.message));
-      getJson<Snapshot[]>("/snapshots?limit=100").then(setSnapshots, (e: Error) => setError(e.message));
-    };
-    load();
-    const timer = setInterval(load, 5000);
-    return () => clearInterval(timer);
-  }, []);
+  const templates = usePolled<Template[]>("/templates", 5000);
+  const snapshots = usePolled<Snapshot[]>("/snapshots?limit=100", 5000);
+  const error = templates.error?.message ?? snapshots.error?.message;
 
   const using = (name: string) => [...sandboxes.values()].filter((s) => s.templateID === name || s.alias === name).length;
   return (
@@ -70,7 +58,7 @@ export function TemplatesPage() {
           </tr>
         </thead>
         <tbody>
-          {templates.map((t) => (
+          {(templates.value ?? []).map((t) => (
             <tr data-template={t.templateID}>
               <td>{t.templateID}</td>
               <td>{t.source ?? ""}</td>
@@ -97,7 +85,7 @@ export function TemplatesPage() {
           </tr>
         </thead>
         <tbody>
-          {snapshots.map((s) => (
+          {(snapshots.value ?? []).map((s) => (
             <tr data-snapshot={s.snapshotID}>
               <td>{s.names.join(", ")}</td>
               <td>
