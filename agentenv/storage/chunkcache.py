@@ -142,6 +142,8 @@ class ChunkCache:
         self._flights: dict[str, _Flight] = {}
         self._foreground = 0
         self._used = 0
+        # Bytes of fetched chunks being written: on disk before they are entries.
+        self._reserved = 0
         self._hits = self._misses = self._fetched = self._evictions = self._corrupt = 0
         self._closed = False
         self._prefetch_queue: queue.SimpleQueue[str | None] = queue.SimpleQueue()
@@ -309,6 +311,7 @@ class ChunkCache:
             self._entries[digest] = entry
             self._used += size
             if fetched:
+                self._reserved -= size
                 self._fetched += size
             del self._flights[digest]
             flight.done.set()
@@ -344,9 +347,19 @@ class ChunkCache:
             raise CorruptChunk(
                 f"chunk {digest}: the store returned {len(data)} bytes hashing to {actual}"
             )
+        # Room first: chunks written at once must not take the disk past the limit
+        # before any of them is counted. `_fill` turns the reservation into usage.
+        with self._lock:
+            self._reserved += len(data)
+            self._evict_locked()
         folder = self.root / digest[:2]
-        folder.mkdir(exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=_TEMP_PREFIX)
+        try:
+            folder.mkdir(exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=_TEMP_PREFIX)
+        except BaseException:
+            with self._lock:
+                self._reserved -= len(data)
+            raise
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
@@ -357,6 +370,8 @@ class ChunkCache:
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            with self._lock:
+                self._reserved -= len(data)
             raise
         return len(data)
 
@@ -364,7 +379,7 @@ class ChunkCache:
         with self._lock:
             entry.opens -= 1
             # Pinned chunks may have held usage above the high mark; retry now.
-            if entry.opens == 0 and self._used > self._high:
+            if entry.opens == 0 and self._used + self._reserved > self._high:
                 self._evict_locked()
 
     # -- eviction and the on-disk index -------------------------------------------------
@@ -378,11 +393,12 @@ class ChunkCache:
                 os.unlink(self._path(digest))
 
     def _evict_locked(self) -> None:
-        """Above the high mark, drop least-recently-used idle chunks down to the low mark."""
-        if self._used <= self._high:
+        """Above the high mark (counting chunks being written), drop least-recently-used
+        idle chunks down to the low mark."""
+        if self._used + self._reserved <= self._high:
             return
         for digest, entry in list(self._entries.items()):
-            if self._used <= self._low:
+            if self._used + self._reserved <= self._low:
                 break
             if entry.opens > 0 or digest in self._flights:
                 continue

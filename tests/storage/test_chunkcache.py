@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
 from collections import Counter
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentenv.config import load_config
+from agentenv.storage import chunkcache
 from agentenv.storage.chunkcache import ChunkCache, CorruptChunk
 from agentenv.storage.layer import chunk_key
 from agentenv.storage.objectstore import ObjectNotFound
@@ -165,6 +167,44 @@ def test_eviction_keeps_usage_bounded_and_drops_lru_first(
         assert store.gets[chunk_key(digests[2])] == before + 1
         files = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
         assert sum(p.stat().st_size for p in files) == cache.stats().bytes_used
+
+
+def test_chunks_written_at_once_never_take_the_disk_past_the_high_mark(
+    store: CountingStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    size = 100 * KIB
+    digests = [store.add_chunk(chunk(i, size)) for i in range(12)]
+    cache_dir = tmp_path / "cache"
+    on_disk: list[int] = []
+    real_replace = os.replace
+
+    def publish(source: str, target: Path) -> None:
+        # Every chunk written so far, this one included, just before it is published.
+        on_disk.append(sum(p.stat().st_size for p in cache_dir.rglob("*") if p.is_file()))
+        real_replace(source, target)
+
+    # Room for 10 chunks; evict above 9, down to 7. Nine fill it to the high mark.
+    with ChunkCache(cache_dir, store, 10 * size, 0.9, 0.7) as cache:
+        for d in digests[:9]:
+            cache.read(d, 0, 1)
+        monkeypatch.setattr(chunkcache.os, "replace", publish)
+        # Three misses fetched at once: each is written before any of them is counted.
+        barrier = threading.Barrier(3)
+        for d in digests[9:]:
+            store.gate[chunk_key(d)] = threading.Event()
+        threads = [
+            threading.Thread(target=lambda d=d: (barrier.wait(), cache.read(d, 0, 1)))
+            for d in digests[9:]
+        ]
+        for t in threads:
+            t.start()
+        for d in digests[9:]:
+            store.gate[chunk_key(d)].set()
+        for t in threads:
+            t.join()
+        assert len(on_disk) == 3
+        assert max(on_disk) <= 9 * size, on_disk
+        assert cache.stats().bytes_used <= 9 * size
 
 
 def test_an_open_chunk_is_never_evicted(store: CountingStore, tmp_path: Path) -> None:
