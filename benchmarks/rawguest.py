@@ -37,6 +37,10 @@ print(time.monotonic())
 """
 
 
+# Seconds a restore may take until its agent answers.
+RESTORE_TIMEOUT = 120
+
+
 class RawGuest:
     """`async with RawGuest(workdir) as guest`: restore, pause and restore again, timed."""
 
@@ -85,7 +89,8 @@ class RawGuest:
         start = time.monotonic()
         try:
             self.handle = await self.driver.restore(self.spec, snapshot)
-            async with asyncio.timeout(60):
+            # Long: dozens of guests restored at once under TCG share two cores.
+            async with asyncio.timeout(RESTORE_TIMEOUT):
                 out, _ = await probe.communicate()
         finally:
             if probe.returncode is None:  # the restore failed: the probe would poll forever
