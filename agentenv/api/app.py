@@ -64,6 +64,8 @@ def build_api(cfg: Config, api_key: str, *, hollow: bool = False) -> FastAPI:
             yield
         finally:
             sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
             await node.close()
 
     app = FastAPI(title="AgentENV", version="0.1.0", lifespan=lifespan)

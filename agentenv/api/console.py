@@ -1,5 +1,6 @@
-"""The console's own API route: its sandbox list as one event stream (`console/events`),
-over a node's records or, behind a control plane, every node's."""
+"""The console's own API routes: its sandbox list as one event stream (`console/events`),
+over a node's records or, behind a control plane, every node's; its metrics; a node's
+builds."""
 
 from __future__ import annotations
 
