@@ -15,8 +15,13 @@ import { TerminalView } from "./terminal";
 // How often the page asks for new log entries and metric samples.
 const REFRESH_MS = 2000;
 
+// The newest log entries shown, at most.
+const LOG_LINES = 500;
+
 function LogsView({ id }: { id: string }) {
-  const logs = usePolled<{ logs: LogEntry[] }>(`/v2/sandboxes/${id}/logs?limit=1000`, REFRESH_MS).value?.logs ?? [];
+  const path = `/v2/sandboxes/${id}/logs?direction=backward&limit=${LOG_LINES}`;
+  const newestFirst = usePolled<{ logs: LogEntry[] }>(path, REFRESH_MS).value?.logs ?? [];
+  const logs = [...newestFirst].reverse();
   return (
     <section class="panel">
       <header>Logs</header>
