@@ -18,6 +18,9 @@ from ...storage.objectstore import ObjectStore
 
 log = logging.getLogger(__name__)
 
+# Seconds the periodic collection waits for writers' leases to go before it skips a turn.
+LEASE_WAIT = 60.0
+
 
 class Collector:
     """`run`: one collection over the node's object store."""
@@ -72,9 +75,13 @@ class Collector:
             except Exception:
                 log.exception("object store collection failed")
 
-    async def run(self, grace: float) -> CollectReport:
+    async def run(self, grace: float, wait: float = LEASE_WAIT) -> CollectReport:
+        """One collection; skipped (said in the report) if writers still hold leases
+        after `wait` seconds."""
         loop = asyncio.get_running_loop()
         async with self._lock:
-            report = await asyncio.to_thread(collect, self.objects, lambda: self.roots(loop), grace)
+            report = await asyncio.to_thread(
+                collect, self.objects, lambda: self.roots(loop), grace, wait
+            )
         log.info("object store collected: %s", report)
         return report
