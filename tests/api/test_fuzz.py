@@ -52,8 +52,8 @@ schema = schemathesis.pytest.from_fixture("api_schema").exclude(path=PULLING)
     derandomize=True,
 )
 def test_no_input_gets_a_server_error(case: schemathesis.Case, server: LiveServer) -> None:
-    # Generous: `POST /gc` walks the whole store, slow while the suite's other worker runs
-    # VMs beside it; a hung request still fails.
+    # Generous for a machine shared with the suite's other worker (`POST /gc` may wait 5 s
+    # for an upload's lease); a hung request still fails.
     case.call_and_validate(
         base_url=server.url, headers={"X-API-Key": TEST_KEY}, checks=CHECKS, timeout=60
     )
