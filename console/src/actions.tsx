@@ -3,6 +3,7 @@
 import { useState } from "preact/hooks";
 
 import { send, type Sandbox } from "./api";
+import { Alert } from "./alert";
 
 export function SandboxActions({ sandbox, compact = false }: { sandbox: Sandbox; compact?: boolean }) {
   const [busy, setBusy] = useState<string | null>(null);
@@ -50,11 +51,7 @@ export function SandboxActions({ sandbox, compact = false }: { sandbox: Sandbox;
       >
         {busy === "kill" ? "Killing…" : "Kill"}
       </button>
-      {error && (
-        <span class="error" role="alert">
-          {error}
-        </span>
-      )}
+      <Alert message={error} inline />
     </span>
   );
 }

@@ -14,6 +14,7 @@ import { NodesPage } from "./pages/nodes";
 import { SandboxPage } from "./pages/sandbox";
 import { SandboxesPage } from "./pages/sandboxes";
 import { TemplatesPage } from "./pages/templates";
+import { Alert } from "./alert";
 
 function useHash(): string {
   const [hash, setHash] = useState(location.hash);
@@ -48,11 +49,7 @@ function SignIn({ onIn }: { onIn: () => void }) {
         API key <input type="password" autocomplete="off" name="key" value={key} onInput={(e) => setKey(e.currentTarget.value)} />
       </label>
       <button type="submit">Sign in</button>
-      {error && (
-        <p class="error" role="alert">
-          {error}
-        </p>
-      )}
+      <Alert message={error} />
     </form>
   );
 }

@@ -3,6 +3,7 @@
 import { useEffect, useState } from "preact/hooks";
 
 import type { DirEntry, Envd } from "../envd";
+import { Alert } from "../alert";
 
 function save(blob: Blob, name: string): void {
   const url = URL.createObjectURL(blob);
@@ -49,11 +50,7 @@ export function FilesView({ envd }: { envd: Envd }) {
           Upload <input type="file" multiple data-testid="upload" onChange={(e) => upload(e.currentTarget.files)} />
         </label>
       </header>
-      {error && (
-        <p class="error" role="alert">
-          {error}
-        </p>
-      )}
+      <Alert message={error} />
       <ul data-testid="files">
         {dir !== "/" && (
           <li>

@@ -5,6 +5,7 @@ import { useMemo } from "preact/hooks";
 
 import { LineChart } from "../chart";
 import { usePolled } from "../polling";
+import { Alert } from "../alert";
 
 interface Histogram {
   le: (number | null)[];
@@ -63,7 +64,7 @@ export function MetricsPage() {
   const times = useMemo(() => density.map((p) => p.t), [density]);
   const perGiB = density.map((p) => (p.committed_memory_mb ? ((p.running + p.paused) * 1024) / p.committed_memory_mb : 0));
 
-  if (error) return <p class="error" role="alert">{error}</p>;
+  if (error) return <Alert message={error} />;
   if (!metrics) return <p class="muted">Loading…</p>;
   const operations = Object.entries(metrics.operations).sort(([a], [b]) => a.localeCompare(b));
   return (

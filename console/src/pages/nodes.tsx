@@ -6,6 +6,7 @@ import { useState } from "preact/hooks";
 import { ApiError, send } from "../api";
 import { bytes } from "../format";
 import { usePolled } from "../polling";
+import { Alert } from "../alert";
 
 interface Capacity {
   memory_mb: number;
@@ -57,11 +58,7 @@ export function NodesPage() {
       <header class="page-head">
         <h1>Nodes</h1>
       </header>
-      {error && (
-        <p class="error" role="alert">
-          {error}
-        </p>
-      )}
+      <Alert message={error} />
       <table class="grid" data-testid="nodes">
         <thead>
           <tr>

@@ -11,6 +11,7 @@ import { useFleet } from "../fleet";
 import { age, timeLeft } from "../format";
 import { FilesView } from "./files";
 import { TerminalView } from "./terminal";
+import { Alert } from "../alert";
 
 // How often the page asks for new log entries and metric samples.
 const REFRESH_MS = 2000;
@@ -63,7 +64,7 @@ export function SandboxPage({ id }: { id: string }) {
 
   const running = useRef(false);
   const envd = useMemo(() => (detail ? new Envd(id, detail.envdAccessToken) : null), [id, detail?.envdAccessToken]);
-  if (error) return <p class="error" role="alert">{error}</p>;
+  if (error) return <Alert message={error} />;
   if (!detail) return <p class="muted">Loading {id}…</p>;
   const shown = listed ?? detail;
   running.current = shown.state === "running";

@@ -5,6 +5,7 @@ import { useFleet } from "../fleet";
 import { bytes } from "../format";
 import { usePolled } from "../polling";
 import { BuildsView } from "./builds";
+import { Alert } from "../alert";
 
 interface Template {
   templateID: string;
@@ -41,11 +42,7 @@ export function TemplatesPage() {
       <header class="page-head">
         <h1>Templates</h1>
       </header>
-      {error && (
-        <p class="error" role="alert">
-          {error}
-        </p>
-      )}
+      <Alert message={error} />
       <table class="grid" data-testid="templates">
         <thead>
           <tr>
