@@ -130,6 +130,9 @@ class NodeInfo:
     url: str
     state: NodeState
     capacity: NodeCapacity
+    # When the node took the capacity it last reported (placements settled before then
+    # are in it), not when the report was written: on a loaded node the two lie seconds
+    # apart.
     heartbeat_at: float
     registered_at: float
 
@@ -155,10 +158,14 @@ class NodeRegistry:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    async def register(self, name: str, url: str, capacity: NodeCapacity) -> None:
-        """A node starting: active again (whatever it was), reachable at `url`."""
+    async def register(
+        self, name: str, url: str, capacity: NodeCapacity, taken_at: float | None = None
+    ) -> None:
+        """A node starting: active again (whatever it was), reachable at `url`, with
+        `capacity` as it stood at `taken_at` (now by default)."""
         now = time.time()
-        values = {"url": url, "capacity": json.dumps(asdict(capacity)), "heartbeat_at": now}
+        beat = now if taken_at is None else taken_at
+        values = {"url": url, "capacity": json.dumps(asdict(capacity)), "heartbeat_at": beat}
         async with self.engine.begin() as connection:
             current = await connection.scalar(sa.select(nodes.c.state).where(nodes.c.name == name))
             if current is None:
@@ -173,14 +180,17 @@ class NodeRegistry:
                 sa.update(nodes).where(nodes.c.name == name).values(state=state, **values)
             )
 
-    async def heartbeat(self, name: str, capacity: NodeCapacity) -> NodeState | None:
-        """Report `capacity`; the node's state now (None: it was removed). A lost node is
-        not revived by its heartbeat: it has to start again (`register`)."""
+    async def heartbeat(
+        self, name: str, capacity: NodeCapacity, taken_at: float | None = None
+    ) -> NodeState | None:
+        """Report `capacity` as it stood at `taken_at` (now by default); the node's state
+        now (None: it was removed). A lost node is not revived by its heartbeat."""
+        beat = time.time() if taken_at is None else taken_at
         async with self.engine.begin() as connection:
             await connection.execute(
                 sa.update(nodes)
                 .where(nodes.c.name == name, nodes.c.state.in_(HOLDS_SANDBOXES))
-                .values(capacity=json.dumps(asdict(capacity)), heartbeat_at=time.time())
+                .values(capacity=json.dumps(asdict(capacity)), heartbeat_at=beat)
             )
             state = await connection.scalar(sa.select(nodes.c.state).where(nodes.c.name == name))
         return None if state is None else NodeState(state)

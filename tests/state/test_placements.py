@@ -51,3 +51,28 @@ async def test_placements_count_until_a_later_heartbeat(
         await ledger.settle(in_flight)  # gone already: nothing to do
     finally:
         await engine.dispose()
+
+
+async def test_a_heartbeat_written_late_counts_from_when_it_was_taken(
+    state_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loaded node may write a report seconds after it read what it holds: a placement
+    settled in between is not in the report, so it still counts."""
+    clock = [1000.0]
+    monkeypatch.setattr("time.time", lambda: clock[0])
+
+    engine = await open_engine(state_url)
+    nodes, ledger = NodeRegistry(engine), PlacementLedger(engine)
+    try:
+        await nodes.register("n1", "http://n1", NodeCapacity(memory_mb=4096))
+        taken_at = clock[0] + 1
+        clock[0] += 2
+        settled = await ledger.reserve("n1", 256, 1)
+        await ledger.settle(settled)
+        clock[0] += 3
+        await nodes.heartbeat("n1", NodeCapacity(memory_mb=4096), taken_at)
+        assert await ledger.outstanding() == [Placement(settled, "n1", 256, 1)]
+        node = await nodes.get("n1")
+        assert node is not None and node.silent_for(clock[0]) == 4
+    finally:
+        await engine.dispose()

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
 
 from ...state.lifecycle import PUBLIC_STATE
@@ -78,9 +79,14 @@ class NodePresence:
     async def capacity(self) -> NodeCapacity:
         return await node_capacity(self.manager, self.snapshots, self.blockd, hollow=self.hollow)
 
+    async def _taken_capacity(self) -> tuple[NodeCapacity, float]:
+        """The capacity, and the time before it was read (what it reflects for sure)."""
+        taken_at = time.time()
+        return await self.capacity(), taken_at
+
     async def register(self) -> None:
         url = self.manager.cfg.advertise_url
-        await self.registry.register(self.name, url, await self.capacity())
+        await self.registry.register(self.name, url, *await self._taken_capacity())
         log.info("node %s registered at %s", self.name, url)
 
     async def run(self, interval: float) -> None:
@@ -88,7 +94,7 @@ class NodePresence:
         while True:
             await asyncio.sleep(interval)
             try:
-                state = await self.registry.heartbeat(self.name, await self.capacity())
+                state = await self.registry.heartbeat(self.name, *await self._taken_capacity())
                 await release_moved(self.manager)
             except Exception:
                 log.exception("heartbeat of node %s failed", self.name)
