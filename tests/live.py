@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import os
 import secrets
 import shutil
@@ -15,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 import httpx
 
@@ -36,14 +37,36 @@ TEST_KEY = "e2b_" + "5" * 40
 AENV = str(Path(sys.executable).with_name("aenv"))
 
 
+# A lock file per /16 a test server holds, so servers of other pytest workers skip it
+# even before it shows on an interface.
+NETWORK_LOCKS = Path("/run/lock/aenv-test-networks")
+_claimed: dict[str, IO[bytes]] = {}
+
+
 def _unique_network() -> tuple[str, str]:
     """A name prefix and a /16 no other server on this host uses (they may run at once)."""
     used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
+    NETWORK_LOCKS.mkdir(parents=True, exist_ok=True)
     for _ in range(100):
         octet = secrets.choice(range(100, 190))
-        if f" 10.{octet}." not in used:
-            return f"at{secrets.token_hex(2)}", f"10.{octet}.0.0/16"
+        if f" 10.{octet}." in used:
+            continue
+        subnet = f"10.{octet}.0.0/16"
+        lock = open(NETWORK_LOCKS / f"10.{octet}", "ab")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        _claimed[subnet] = lock
+        return f"at{secrets.token_hex(2)}", subnet
     raise RuntimeError("no free 10.x.0.0/16 for a test server")
+
+
+def _release_network(subnet: str) -> None:
+    lock = _claimed.pop(subnet, None)
+    if lock is not None:
+        lock.close()
 
 
 @dataclass
@@ -126,6 +149,7 @@ class LiveServer:
             BlockdClient(cfg).stop()
             asyncio.run(NfsServer(cfg).stop())
             remove_host_chains(self.prefix, self.network[1])
+            _release_network(self.network[1])
             # Its VMMs are gone: what is left in the run directory (kernel stubs, the RAM
             # library) would stay in /run for every test server.
             shutil.rmtree(run_dir_for(self.home), ignore_errors=True)

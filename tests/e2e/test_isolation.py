@@ -7,6 +7,7 @@ import shlex
 import subprocess
 from collections.abc import Iterator
 from ipaddress import IPv4Network
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -123,3 +124,18 @@ def test_operator_allows_a_private_range_and_names_the_resolver(
         lookup = "python3 -c 'import socket; print(socket.gethostbyname(\"pypi.example\"))'"
         assert run(fresh_server, sandbox, lookup)[0] == f"{RESOLVED_IP}\n"
         kill(fresh_server, sandbox["sandboxID"])
+
+
+def test_a_second_node_with_the_same_subnet_refuses_to_start(
+    fresh_server: LiveServer, vms: VmFactory, tmp_path: Path
+) -> None:
+    """Its sandboxes' host-side addresses would be the first node's: the host would route
+    calls meant for one node's guests to the other's."""
+    fresh_server.start()
+    twin = vms.own(LiveServer(tmp_path / "twin", network=fresh_server.network))
+    twin.home.mkdir()
+    with pytest.raises(RuntimeError, match="uses the sandbox subnet"):
+        twin.start()
+    sandbox = vms.create(fresh_server)
+    assert run(fresh_server, sandbox, "echo still mine")[0] == "still mine\n"
+    kill(fresh_server, sandbox["sandboxID"])

@@ -31,6 +31,7 @@ from ...images.templates import TemplateRegistry
 from ...net.authority import EgressAuthority
 from ...net.egressproxy import EgressProxy, upstream_context
 from ...net.netns import ensure_host_forwarding
+from ...net.subnetclaim import claimed_subnet
 from ...net.tunnels import EgressTunnels
 from ...observe.metrics import CACHE, CAPACITY_MB, DISK_MB, SANDBOXES, set_counts
 from ...state.lifecycle import State
@@ -152,6 +153,8 @@ class Node:
         if hollow:
             accel = AccelChoice(HollowDriver.name, "a hollow node starts no guest")
         else:
+            # First: a node refused for its subnet has touched nothing.
+            stack.enter_context(claimed_subnet(cfg.net.host_subnet))
             accel = await asyncio.to_thread(
                 choose_accel,
                 cfg.vmm.accel,
