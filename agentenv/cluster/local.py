@@ -31,7 +31,7 @@ from ..net.netns import list_namespaces
 from ..storage.blockd import BlockdClient
 from ..volumes.nfs import NfsServer
 from ..wire import API_KEY_HEADER
-from .network import ClusterNetwork
+from .network import ClusterNetwork, choosing_subnet
 from .postgres import LocalPostgres, free_port
 from .registry import registry_argv, wait_registry
 
@@ -143,13 +143,18 @@ class LocalCluster:
             raise ClusterError(f"a cluster is already up in {self.directory}: take it down first")
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "logs").mkdir(exist_ok=True)
-        state = ClusterState(
-            api_key="e2b_" + secrets.token_hex(20), network=ClusterNetwork.choose()
-        )
-        self._save(state)
+        ports = [free_port() for _ in range(3 if registry else 2)]
+        with choosing_subnet():
+            state = ClusterState(
+                api_key="e2b_" + secrets.token_hex(20), network=ClusterNetwork.choose()
+            )
+            self._save(state)
+            try:
+                state.network.create(open_ports=ports)
+            except BaseException:
+                self.down()
+                raise
         try:
-            ports = [free_port() for _ in range(3 if registry else 2)]
-            state.network.create(open_ports=ports)
             postgres = LocalPostgres(self.directory / "postgres")
             state.state_url = postgres.start(ports[0], host=state.network.gateway)
             self._start_s3(state, ports[1])
