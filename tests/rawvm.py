@@ -15,7 +15,7 @@ from pathlib import Path
 from agentenv.guest.agent import init_secret
 from agentenv.guest.kit import guest_args
 from agentenv.runtime.machine.bootsnap import INIT_SECRET_FILE, write_init_secret
-from agentenv.vmm.qemu import host_tsc_khz, kernel_args
+from agentenv.vmm.qemu import FIRMWARE, host_tsc_khz, kernel_args
 
 from .live import free_port
 
@@ -77,7 +77,7 @@ class RawVm:
         fwd = f"hostfwd=tcp:127.0.0.1:{self.port}-10.0.2.15:49983"
         argv = [
             "qemu-system-x86_64", "-M", "microvm,acpi=on", "-accel", "tcg,tb-size=64",
-            "-m", str(memory_mb),
+            "-m", str(memory_mb), "-bios", FIRMWARE,
             "-smp", "1", "-nographic", "-nodefaults", "-no-reboot", "-serial", "stdio",
             "-kernel", kit.kernel, "-initrd", kit.initrd, "-append", cmdline,
             "-drive", f"id=rt,file={kit.runtime_disk},format=raw,if=none,readonly=on",

@@ -54,13 +54,20 @@ _DEVICE_STATE = "devices.partial"
 _PRIVATE_RAM_SINCE = (8, 2)
 
 
+# The guest's firmware: QEMU's own minimal one for microvm. SeaBIOS (microvm's default)
+# sets up virtio-blk disks in the top of RAM, where QEMU puts the initrd; with exactly
+# 2 GiB of RAM the two meet and the guest finds no initramfs (docs/snapshots.md).
+FIRMWARE = "qboot.rom"
+
+
 def qemu_version_name(binary: str) -> str:
-    """What a driver for `binary` calls its version, e.g. "qemu 10.0.2"."""
+    """What a driver for `binary` calls its version, e.g. "qemu 10.0.2 qboot.rom"; a saved
+    guest restores only into the same QEMU and firmware."""
     return _version_name(qemu_version(binary))
 
 
 def _version_name(numbers: tuple[int, ...]) -> str:
-    return "qemu " + ".".join(map(str, numbers))
+    return "qemu " + ".".join(map(str, numbers)) + " " + FIRMWARE
 
 
 def qemu_version(binary: str) -> tuple[int, ...]:
@@ -146,6 +153,7 @@ def build_command(
         "-name", spec.name,
         "-M", "microvm,acpi=on,memory-backend=ram",
         "-m", f"{spec.memory_mb}M",
+        "-bios", FIRMWARE,
         "-smp", str(spec.vcpus),
         "-object", f"memory-backend-file,id=ram,size={spec.memory_mb}M,{ram},{merge}",
         "-nographic", "-nodefaults", "-no-reboot", "-no-user-config",

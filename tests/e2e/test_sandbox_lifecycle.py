@@ -145,6 +145,18 @@ def test_metrics_of_many_sandboxes(server: LiveServer, vms: VmFactory) -> None:
     kill(server, sid)
 
 
+def test_a_guest_of_exactly_two_gib_boots(fresh_server: LiveServer, vms: VmFactory) -> None:
+    """Under SeaBIOS a 2 GiB guest found its initrd overwritten and never booted (1,984,
+    2,047 and 2,049 MiB did): the firmware's disk set-up used the top of RAM, where QEMU
+    put the initrd."""
+    fresh_server.extra_env["AENV_SANDBOX_MEMORY_MB"] = "2048"
+    fresh_server.start()
+    sandbox = vms.create(fresh_server)
+    total_kib = int(run(fresh_server, sandbox, "grep MemTotal /proc/meminfo")[0].split()[1])
+    assert 1800 < total_kib / 1024 <= 2048
+    kill(fresh_server, sandbox["sandboxID"])
+
+
 def test_restart_readopts_live_sandbox(fresh_server: LiveServer, vms: VmFactory) -> None:
     fresh_server.start()
     sandbox = vms.create(fresh_server)
