@@ -14,11 +14,12 @@ no lease.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 from .layer import LayerIndex, chunk_key, layer_key
@@ -90,6 +91,29 @@ def write_lease(store: ObjectStore, patience: float = 600.0) -> Iterator[None]:
         yield
     finally:
         lease.release()
+
+
+@asynccontextmanager
+async def async_write_lease(store: ObjectStore) -> AsyncIterator[None]:
+    """`write_lease` for a coroutine. Cancelled while acquiring, it still releases the
+    lease the acquiring thread goes on to write: a lease left behind would keep the
+    collector out for `LEASE_TTL`."""
+    lease = WriteLease(store)
+    acquiring = asyncio.ensure_future(asyncio.to_thread(lease.acquire))
+    try:
+        await asyncio.shield(acquiring)
+    except asyncio.CancelledError:
+        acquiring.add_done_callback(lambda done: _release_once_acquired(done, lease))
+        raise
+    try:
+        yield
+    finally:
+        await asyncio.shield(asyncio.to_thread(lease.release))
+
+
+def _release_once_acquired(acquiring: asyncio.Future[WriteLease], lease: WriteLease) -> None:
+    if not acquiring.cancelled() and acquiring.exception() is None:
+        asyncio.get_running_loop().run_in_executor(None, lease.release)
 
 
 def _live_leases(store: ObjectStore) -> list[str]:

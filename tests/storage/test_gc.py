@@ -3,6 +3,7 @@ period, and it never sweeps while a writer holds a lease."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -12,7 +13,7 @@ import pytest
 
 from agentenv.storage import gc
 from agentenv.storage.filelayer import load_chain, materialize, store_file
-from agentenv.storage.gc import CollectorBusy, collect, write_lease
+from agentenv.storage.gc import CollectorBusy, async_write_lease, collect, write_lease
 from agentenv.storage.layer import BLOCK_SIZE
 from agentenv.storage.posix import PosixObjectStore
 
@@ -85,4 +86,39 @@ def test_a_writer_waits_while_the_collector_sweeps(
     collector.join(5)
     with write_lease(store, patience=1):
         assert store.list("gc/leases/")
+    assert store.list("gc/leases/") == []
+
+
+async def test_a_writer_cancelled_while_acquiring_leaves_no_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acquiring thread writes its lease after the cancel: it must still go, or the
+    collector would skip every run for an hour."""
+    store = PosixObjectStore(tmp_path / "objects")
+    writing = threading.Event()
+    put = store.put
+
+    def slow_put(key: str, data: bytes) -> None:
+        writing.set()
+        time.sleep(0.3)
+        put(key, data)
+
+    monkeypatch.setattr(store, "put", slow_put)
+
+    async def writer() -> None:
+        async with async_write_lease(store):
+            raise AssertionError("never acquired: cancelled first")
+
+    task = asyncio.create_task(writer())
+    await asyncio.to_thread(writing.wait, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.5)  # the thread has written its lease by now
+    deadline = time.monotonic() + 5
+    while leases := store.list("gc/leases/"):
+        assert time.monotonic() < deadline, leases
+        await asyncio.sleep(0.05)
+    async with async_write_lease(store):
+        assert len(store.list("gc/leases/")) == 1
     assert store.list("gc/leases/") == []

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ...crashpoints import crash_point
@@ -24,7 +24,7 @@ from ...images.catalog import Template
 from ...images.snapshots import SnapshotRecord
 from ...state.sandboxes import FILESYSTEM, SandboxRecord
 from ...storage.filelayer import load_chain, materialize, store_file
-from ...storage.gc import WriteLease
+from ...storage.gc import async_write_lease
 from ...storage.layer import BLOCK_SIZE
 from ...storage.objectstore import ObjectStore
 from ...vmm import guestram
@@ -198,7 +198,7 @@ class Uploads:
 
     async def _upload_sandbox(self, record: SandboxRecord) -> None:
         manager = self.manager
-        async with self.lease():
+        async with async_write_lease(self.store):
             layers, written = await asyncio.to_thread(
                 upload_saved,
                 self.store,
@@ -230,7 +230,7 @@ class Uploads:
         key = snapshot.snapshot_id
         while True:
             try:
-                async with self.lease():
+                async with async_write_lease(self.store):
                     snapshot.stored, written = await asyncio.to_thread(
                         upload_saved,
                         self.store,
@@ -250,15 +250,6 @@ class Uploads:
                 await asyncio.sleep(self._retry_at[key] - time.monotonic())
 
     # -- bookkeeping -----------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def lease(self) -> AsyncIterator[None]:
-        """A writer's lease on the object store, held until the new layers are recorded."""
-        lease = await asyncio.to_thread(WriteLease(self.store).acquire)
-        try:
-            yield
-        finally:
-            await asyncio.to_thread(lease.release)
 
     def _succeeded(self, key: str) -> None:
         self.errors.pop(key, None)
