@@ -22,6 +22,7 @@ import asyncio
 import collections
 import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -64,6 +65,7 @@ class Endpoint:
 async def rollback(api: Endpoint, sandbox_id: str, snapshot: str) -> None:
     """Our rollback route (the SDK has none), retried as the SDK retries its own calls:
     a 429 or 503 with `Retry-After`, up to `RETRIES` times."""
+    statuses: list[str] = []
     async with httpx.AsyncClient(base_url=api.url, timeout=120) as client:
         for attempt in range(RETRIES + 1):
             answer = await client.post(
@@ -71,12 +73,14 @@ async def rollback(api: Endpoint, sandbox_id: str, snapshot: str) -> None:
                 json={"snapshotID": snapshot},
                 headers={"X-API-Key": api.api_key},
             )
+            statuses.append(str(answer.status_code))
             wait = answer.headers.get("retry-after")
             if answer.status_code not in (429, 503) or wait is None or attempt == RETRIES:
                 break
             await asyncio.sleep(float(wait))
         if answer.is_error:
-            raise RuntimeError(f"rollback {answer.status_code}: {answer.text[:200]}")
+            # The statuses before it say whether a retry met what an earlier try left.
+            raise RuntimeError(f"rollback {' then '.join(statuses)}: {answer.text[:300]}")
 
 
 async def episode(api: Endpoint, snapshot: str, timings: dict[str, list[float]]) -> None:
@@ -111,6 +115,7 @@ async def rung(api: Endpoint, snapshot: str, workers: int, episodes: int) -> dic
             try:
                 await episode(api, snapshot, timings)
             except Exception as exc:
+                print(f"episode failed: {type(exc).__name__}: {exc}", file=sys.stderr)
                 # The status says which overload, if any: kept apart by kind.
                 kind = type(exc).__name__
                 errors[f"{kind}: {exc}"[:80] if isinstance(exc, RuntimeError) else kind] += 1
