@@ -30,11 +30,11 @@ from ..images.templates import validate_name
 from .deps import BuildsDep, CatalogDep, ConfigDep
 from .errors import ERROR_RESPONSES
 from .logpages import Direction, log_page
+from .models import MAX_VCPUS
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
 # Bounds on what a template may ask for (admission still checks the host has it).
-MAX_VCPUS = 16
 MAX_MEMORY_MB = 65536
 # E2B's minFreeDiskMb: free space the root filesystem grows to after the steps (MiB); a
 # sandbox disk has 64 GiB of virtual size to grow into.
@@ -52,6 +52,8 @@ class TemplateBuildRequest(BaseModel):
     # One team per server: accepted so older SDKs work, and meaningless here.
     teamID: str | None = None
     cpuCount: int | None = Field(default=None, ge=1, le=MAX_VCPUS)
+    # E2B's resizable templates (SDK 2.64+); here only the template's own cpuCount.
+    maxCpuCount: int | None = Field(default=None, ge=1, le=MAX_VCPUS)
     memoryMB: int | None = Field(default=None, ge=128, le=MAX_MEMORY_MB)
     minFreeDiskMb: int | None = Field(default=None, ge=0, le=MAX_FREE_DISK_MB)
 
@@ -112,10 +114,26 @@ def _template_name(body: TemplateBuildRequest) -> tuple[str, list[str]]:
     return validate_name(name), validate_tags(tags) or [DEFAULT_TAG]
 
 
+def _fixed_size(body: TemplateBuildRequest) -> None:
+    """A built template is a snapshot of a running guest, whose CPUs its sandboxes keep:
+    `maxCpuCount` may only repeat `cpuCount` (`docs/e2b-compatibility.md`)."""
+    most = body.maxCpuCount
+    if most is None or most == body.cpuCount:
+        return
+    if body.cpuCount is not None and most < body.cpuCount:
+        raise InvalidInput(f"maxCpuCount ({most}) must be at least cpuCount ({body.cpuCount})")
+    raise InvalidInput(
+        "maxCpuCount: resizable templates are not supported here; a template's sandboxes "
+        "start from a snapshot of a running guest and keep its cpuCount (send cpuCount "
+        f"{most} and no maxCpuCount for a template of {most} CPUs)"
+    )
+
+
 @router.post("/v3/templates", status_code=202)
 async def request_build(builds: BuildsDep, body: TemplateBuildRequest) -> dict[str, Any]:
     """Register a build of a template; it starts when the client sends the recipe."""
     name, tags = _template_name(body)
+    _fixed_size(body)
     running = [b for b in builds.tracker.of_template(name) if b.status == "building"]
     if running:
         raise Conflict(f"template '{name}' is being built (build {running[-1].build_id})")

@@ -15,6 +15,8 @@ from .limits import MAX_ENTRIES, PRINTABLE, EnvVars, HeaderValues, Metadata
 
 # E2B's bound on `dnsServers`.
 MAX_DNS_SERVERS = 10
+# Most CPUs a request may ask of a sandbox or template (admission checks the host's).
+MAX_VCPUS = 16
 MAX_PEM_BYTES = 64 * 1024
 HOSTNAME = r"^[A-Za-z0-9._-]+$"
 
@@ -144,6 +146,9 @@ class NewSandbox(_Request):
 
     templateID: str = Field(min_length=1, max_length=256, pattern=PRINTABLE)
     timeout: int | None = Field(default=None, ge=0, le=10_000_000)
+    # CPUs to start with (E2B SDK 2.64+); None: the template's. A template restored from a
+    # running guest's snapshot keeps its own (`docs/e2b-compatibility.md`).
+    cpuCount: int | None = Field(default=None, ge=1, le=MAX_VCPUS)
     metadata: Metadata = Field(default_factory=dict)
     envVars: EnvVars = Field(default_factory=dict)
     autoPause: bool = False
@@ -206,6 +211,8 @@ class ResumeBody(ConnectBody):
 
     # Given: whether the resumed sandbox pauses (true) or is killed at its timeout.
     autoPause: bool | None = None
+    # A paused sandbox resumes with the CPUs it had: only those may be named.
+    cpuCount: int | None = Field(default=None, ge=1, le=MAX_VCPUS)
 
 
 class SnapshotBody(_Request):

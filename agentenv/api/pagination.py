@@ -1,4 +1,5 @@
-"""`nextToken` cursors of E2B's paginated lists: the last item's time and id, opaque."""
+"""`nextToken` cursors of E2B's paginated lists: the last item's time and id (or its name
+alone, for lists ordered by name), opaque."""
 
 from __future__ import annotations
 
@@ -22,3 +23,14 @@ def decode_cursor(token: str) -> tuple[datetime, str]:
     if when.tzinfo is None:  # ours always carry one; a naive time cannot be compared
         raise InvalidInput("invalid nextToken: its time has no timezone")
     return when, key
+
+
+def encode_name_cursor(name: str) -> str:
+    return base64.urlsafe_b64encode(name.encode()).decode()
+
+
+def decode_name_cursor(token: str) -> str:
+    try:
+        return base64.b64decode(token.encode(), altchars=b"-_", validate=True).decode()
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise InvalidInput("invalid nextToken") from exc

@@ -125,6 +125,7 @@ async def _create(node: Node, body: NewSandbox, secure: bool) -> Sandbox:
             # Only a non-empty `tokens` map turns workload identity on (E2B's rule).
             iam=body.iam.model_dump() if body.iam and body.iam.tokens else {},
         ),
+        vcpus=body.cpuCount,
     )
     record = await node.create(request)
     return sandbox_answer(record, public_domain(cfg))
@@ -289,6 +290,10 @@ async def connect_sandbox(
 async def resume_sandbox(node: NodeDep, sandbox_id: str, body: ResumeBody | None = None) -> Sandbox:
     """SDK 2.0-2.5: resume a paused sandbox; a running one is a 409."""
     body = body or ResumeBody()
+    if body.cpuCount is not None:
+        vcpus = (await node.manager.get(sandbox_id)).vcpus
+        if body.cpuCount != vcpus:
+            raise InvalidInput(f"cpuCount: a paused sandbox resumes with its {vcpus} CPUs")
     record = await node.pauses.resume(sandbox_id, _resume_timeout(node.cfg, body), body.memory)
     if body.autoPause is not None:
         await node.manager.set_auto_pause(sandbox_id, body.autoPause)

@@ -7,9 +7,9 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,9 +21,11 @@ from ..images.catalog import BASE, BASE_SOURCE, TemplateCatalog
 from ..images.reference import parse_reference
 from ..images.snapshots import TEMPLATE, SnapshotRecord, SnapshotRegistry, split_ref
 from ..images.templates import TemplateRecord, build_uuid
+from ..runtime.memory.admission import max_vcpus
 from ..runtime.snapshots.named import SandboxSnapshots
 from .deps import CatalogDep, ConfigDep, PullerDep, SnapshotsDep
 from .errors import ERROR_RESPONSES
+from .pagination import decode_name_cursor, encode_name_cursor
 
 router = APIRouter(responses=ERROR_RESPONSES)
 
@@ -42,9 +44,11 @@ def _template(
     size: tuple[int, int, int],
     created: str | None,
     builds: int,
+    most_vcpus: int,
     **native: Any,
 ) -> dict[str, Any]:
-    """E2B's `Template` (usage is not tracked: no creator, no spawns), plus `native` fields."""
+    """E2B's `Template` (usage is not tracked: no creator, no spawns), plus `native` fields;
+    a create may ask for up to `most_vcpus` CPUs."""
     vcpus, memory_mb, disk_mb = size
     return {
         "templateID": template_id,
@@ -53,6 +57,7 @@ def _template(
         "names": [template_id],
         "public": public,
         "cpuCount": vcpus,
+        "maxCpuCount": most_vcpus,
         "memoryMB": memory_mb,
         "diskSizeMB": disk_mb,
         "createdAt": created,
@@ -76,6 +81,7 @@ def template_json(record: TemplateRecord, cfg: Config, public: bool) -> dict[str
     )
     return _template(
         record.template_id, record.build_uuid, public, size, record.created_at, 1,
+        max_vcpus(cfg.sandbox),
         source=record.source, digest=record.digest, layers=record.layers,
     )  # fmt: skip
 
@@ -93,16 +99,21 @@ def _base_json(cfg: Config) -> dict[str, Any]:
     """The built-in template: always public, E2B's default template here."""
     build_id, built = base_build(cfg)
     size = (cfg.sandbox.vcpus, cfg.sandbox.memory_mb, cfg.sandbox.disk_size_mb)
-    return _template(BASE, build_id, True, size, built, 1, isDefault=True, source=BASE_SOURCE)
+    return _template(
+        BASE, build_id, True, size, built, 1, max_vcpus(cfg.sandbox),
+        isDefault=True, source=BASE_SOURCE,
+    )  # fmt: skip
 
 
 def built_template_json(
     build: SnapshotRecord, cfg: Config, public: bool, builds: int
 ) -> dict[str, Any]:
-    """A template built from steps, by its newest build."""
+    """A template built from steps, by its newest build: its sandboxes are restored from a
+    running guest, whose CPUs they keep."""
     size = (build.vcpus, build.memory_mb, cfg.sandbox.disk_size_mb)
+    most = build.vcpus if build.memory else max_vcpus(cfg.sandbox)
     return _template(
-        build.name, build.build_uuid, public, size, build.created_at, builds,
+        build.name, build.build_uuid, public, size, build.created_at, builds, most,
         source=f"steps on {build.template_id}",
     )  # fmt: skip
 
@@ -131,9 +142,23 @@ async def _all(
 
 @router.get("/v2/templates")
 async def list_templates_v2(
-    catalog: CatalogDep, snapshots: SnapshotsDep, cfg: ConfigDep
+    catalog: CatalogDep,
+    snapshots: SnapshotsDep,
+    cfg: ConfigDep,
+    response: Response,
+    limit: Annotated[int, Query(ge=1, le=100)] = 100,
+    nextToken: Annotated[str | None, Query(max_length=1024)] = None,
 ) -> list[dict[str, Any]]:
-    return await _all(catalog, snapshots, cfg)
+    """E2B's paged listing (`Template.list`), by template id; the next page's token in
+    `x-next-token`. An id is the cursor, so a template deleted meanwhile moves no page."""
+    templates = sorted(await _all(catalog, snapshots, cfg), key=lambda t: t["templateID"])
+    if nextToken:
+        after = decode_name_cursor(nextToken)
+        templates = [t for t in templates if t["templateID"] > after]
+    page = templates[:limit]
+    if len(templates) > limit:
+        response.headers["x-next-token"] = encode_name_cursor(page[-1]["templateID"])
+    return page
 
 
 @router.get("/templates")

@@ -54,9 +54,8 @@ _DEVICE_STATE = "devices.partial"
 _PRIVATE_RAM_SINCE = (8, 2)
 
 
-# The guest's firmware: QEMU's own minimal one for microvm. SeaBIOS (microvm's default)
-# sets up virtio-blk disks in the top of RAM, where QEMU puts the initrd; with exactly
-# 2 GiB of RAM the two meet and the guest finds no initramfs (docs/snapshots.md).
+# QEMU's minimal microvm firmware: SeaBIOS (the default) sets up disks where QEMU put the
+# initrd of a guest with exactly 2 GiB, which then never boots (docs/snapshots.md).
 FIRMWARE = "qboot.rom"
 
 

@@ -1,5 +1,6 @@
 """Template build requests: E2B's `minFreeDiskMb` is bounded and reaches the build's
-recipe, which then runs in a build sandbox (where the filesystem grows)."""
+recipe, which then runs in a build sandbox (where the filesystem grows); `maxCpuCount`
+may only repeat `cpuCount`."""
 
 from __future__ import annotations
 
@@ -65,3 +66,29 @@ def test_the_free_disk_size_reaches_the_recipe(
     # 0 asks for no growth, as in E2B.
     answer = client.post("/v3/templates", json={"name": "small", "minFreeDiskMb": 0})
     assert service.tracker.get("small", answer.json()["buildID"]).min_free_disk_mb is None
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"cpuCount": 2, "maxCpuCount": 4}, "resizable templates are not supported"),
+        ({"maxCpuCount": 4}, "resizable templates are not supported"),
+        ({"cpuCount": 4, "maxCpuCount": 2}, "maxCpuCount (2) must be at least cpuCount (4)"),
+    ],
+)
+def test_a_resizable_template_is_refused_clearly(
+    api: tuple[TestClient, TemplateBuilds], body: dict[str, int], message: str
+) -> None:
+    client, service = api
+    answer = client.post("/v3/templates", json={"name": "sized", **body})
+    assert answer.status_code == 400 and message in answer.json()["message"], answer.text
+    assert service.tracker.of_template("sized") == []
+
+
+def test_a_max_cpu_count_equal_to_the_cpu_count_is_a_fixed_size(
+    api: tuple[TestClient, TemplateBuilds],
+) -> None:
+    client, service = api
+    answer = client.post("/v3/templates", json={"name": "sized", "cpuCount": 2, "maxCpuCount": 2})
+    assert answer.status_code == 202, answer.text
+    assert service.tracker.get("sized", answer.json()["buildID"]).vcpus == 2

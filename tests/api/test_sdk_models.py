@@ -68,6 +68,8 @@ NOT_REQUESTS = {
     "TemplateTagGroup", "TemplateTagGroupsResponse", "TemplateTagsCountResponse",
     "TemplateUpdateResponse", "TemplateWithBuilds", "TeamUser", "Volume", "VolumeAndToken",
     "Secret",
+    # The answer of `GET /unstable/sandboxes/{id}/record`, which no SDK call reads.
+    "SandboxRecord",
     # Bodies of routes other engineers are adding (issue 24): template publishing. Each
     # moves to REQUESTS with its route.
     "TemplateUpdateRequest",

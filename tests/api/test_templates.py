@@ -21,6 +21,7 @@ from e2b.api.client.api.tags import (
 from e2b.api.client.api.templates import (
     get_default_templates,
     get_templates,
+    get_v2_templates,
     patch_templates_template_id,
     patch_v_2_templates_template_id,
 )
@@ -110,6 +111,28 @@ async def api(tmp_path: Path) -> AsyncIterator[AuthenticatedClient]:
         raise_on_unexpected_status=True,
     ) as client:
         yield client
+
+
+async def test_the_v2_listing_pages_by_template_id(api: AuthenticatedClient) -> None:
+    """`Template.list(limit=…)` of E2B's newest SDK: pages in `x-next-token`, none after
+    the last; a token that is not ours is a clear 400."""
+    seen: list[str] = []
+    token: str | None = None
+    while True:
+        answer = await get_v2_templates.asyncio_detailed(
+            client=api, limit=2, **({"next_token": token} if token else {})
+        )
+        assert answer.status_code == 200 and isinstance(answer.parsed, list)
+        seen += [t.template_id for t in answer.parsed]
+        token = answer.headers.get("x-next-token")
+        if not token:
+            break
+    assert seen == ["app", "base", "tpl"]
+    http = api.get_async_httpx_client()
+    bad = await http.get("/v2/templates", params={"nextToken": "%%%"})
+    assert bad.status_code == 400 and "nextToken" in bad.json()["message"]
+    too_many = await http.get("/v2/templates", params={"limit": 101})
+    assert too_many.status_code == 400
 
 
 async def test_listed_templates_are_the_sdks_and_publishing_is_kept(

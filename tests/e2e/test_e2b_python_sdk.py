@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ from e2b import (
     Sandbox,
     SandboxQuery,
     SandboxState,
+    Template,
 )
 from e2b.exceptions import NotFoundException, SandboxException, TimeoutException
 
@@ -316,3 +318,42 @@ def test_sandbox_logs(server: LiveServer, sbx: Sandbox) -> None:
     assert [entry["message"] for entry in back["logs"]] == ["process ended"]
     assert errors.json() == {"logs": []}
     assert bad.status_code == 400
+
+
+def test_what_sdk_2_64_added_cpus_shells_and_paged_templates() -> None:
+    """`Sandbox.create(cpu_count=…)`, `commands.run(shell=…)` and `Template.list(limit=…)`;
+    a snapshot of a running guest keeps its CPUs, and asking for others is a clear 400."""
+    sandbox = Sandbox.create(cpu_count=2)
+    try:
+        assert sandbox.commands.run("nproc").stdout == "2\n"
+        assert sandbox.commands.run("echo $0", shell=["/bin/sh", "-c"]).stdout == "/bin/sh\n"
+        sandbox.pause()
+        refused = httpx.post(
+            f"{os.environ['E2B_API_URL']}/sandboxes/{sandbox.sandbox_id}/resume",
+            json={"cpuCount": 1},
+            headers={"X-API-Key": os.environ["E2B_API_KEY"]},
+        )
+        assert refused.status_code == 400 and "its 2 CPUs" in refused.json()["message"]
+        sandbox = Sandbox.connect(sandbox.sandbox_id)
+        snapshot = sandbox.create_snapshot()
+    finally:
+        sandbox.kill()
+    try:
+        with pytest.raises(SandboxException, match="its size is fixed") as fixed:
+            Sandbox.create(snapshot.snapshot_id, cpu_count=1)
+        assert fixed.value.status_code == 400
+        again = Sandbox.create(snapshot.snapshot_id, cpu_count=2)
+        assert again.commands.run("nproc").stdout == "2\n"
+        again.kill()
+    finally:
+        Sandbox.delete_snapshot(snapshot.snapshot_id)
+    with pytest.raises(SandboxException, match="cpuCount: at most") as too_many:
+        Sandbox.create(cpu_count=16)
+    assert too_many.value.status_code == 400
+    paginator = Template.list(limit=1)
+    listed = []
+    while paginator.has_next:
+        page = paginator.next_items()
+        assert len(page) <= 1
+        listed += [t.template_id for t in page]
+    assert "base" in listed and listed == sorted(listed)

@@ -76,7 +76,12 @@ def host_capacity(cfg: SandboxConfig, data_dir: Path) -> Capacity:
     times the configured overcommit."""
     memory = (total_memory_mb() - cfg.min_free_memory_mb) * cfg.memory_overcommit
     disk = (total_disk_mb(data_dir) - cfg.min_free_disk_mb) * cfg.disk_overcommit
-    return Capacity(int(memory), int(disk), cfg.max_vcpus or os.cpu_count() or 1)
+    return Capacity(int(memory), int(disk), max_vcpus(cfg))
+
+
+def max_vcpus(cfg: SandboxConfig) -> int:
+    """The most vCPUs one sandbox may have here: configured, else the host's CPUs."""
+    return cfg.max_vcpus or os.cpu_count() or 1
 
 
 def admit(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...crashpoints import crash_point
+from ...errors import InvalidInput
 from ...images.catalog import Template
 from ...state.sandboxes import SandboxOptions, SandboxRecord
 from ..machine.bootsnap import Shape
@@ -26,7 +27,8 @@ class CreateRequest:
     template_id: str
     timeout: int
     options: SandboxOptions = field(default_factory=SandboxOptions)
-    # A size of its own (a template build's cpuCount and memoryMB); None: the template's.
+    # A size of its own (a template build's cpuCount and memoryMB, a create's cpuCount);
+    # None: the template's.
     vcpus: int | None = None
     memory_mb: int | None = None
 
@@ -68,6 +70,9 @@ class SandboxCreations:
     async def create(self, request: CreateRequest) -> SandboxRecord:
         """Start a sandbox; on any failure every acquired resource is released again."""
         manager = self.manager
+        most = manager.intake.capacity.max_vcpus
+        if request.vcpus is not None and request.vcpus > most:
+            raise InvalidInput(f"cpuCount: at most {most} vCPUs here, {request.vcpus} asked")
         template = await asyncio.to_thread(manager.machines.catalog.resolve, request.template_id)
         sandbox = manager.cfg.sandbox
         shape = Shape(

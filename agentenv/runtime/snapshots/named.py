@@ -235,7 +235,14 @@ class SandboxSnapshots:
 
     async def create(self, snapshot: SnapshotRecord, request: CreateRequest) -> SandboxRecord:
         """A new sandbox from a snapshot: its memory restored, or (filesystem-only) a
-        fresh guest on a copy of its disk; the request's env vars are added."""
+        fresh guest on a copy of its disk; the request's env vars are added. A restored
+        guest keeps the snapshot's CPUs: a request for others is refused."""
+        if snapshot.memory and request.vcpus not in (None, snapshot.vcpus):
+            raise InvalidInput(
+                f"'{snapshot.name}' starts from a running guest's snapshot with "
+                f"{snapshot.vcpus} CPUs; its sandboxes cannot have {request.vcpus} "
+                "(its size is fixed)"
+            )
         # The snapshot's disk is an overlay of its template's: that must be served.
         await asyncio.to_thread(self.catalog.resolve, snapshot.template_id)
         checkpoint = await self.local_files(snapshot)
@@ -247,7 +254,7 @@ class SandboxSnapshots:
             request,
             template_id=snapshot.snapshot_id,
             alias=snapshot.name,
-            shape=Shape(snapshot.vcpus, snapshot.memory_mb),
+            shape=Shape(request.vcpus or snapshot.vcpus, snapshot.memory_mb),
             guest={**snapshot.guest, DISK_TEMPLATE: snapshot.template_id},
             layers=snapshot.stored or snapshot.base,
         )
