@@ -197,11 +197,14 @@ async def many_sandboxes_metrics(node: NodeDep, sandbox_ids: str) -> SandboxesWi
     for sandbox_id in ids:
         try:
             sample = await node.manager.metrics(sandbox_id)
-        except (NotFound, Unavailable):
-            continue  # gone, or its guest did not answer: left out, as not running
-        if sample is not None:
+            if sample is None:
+                continue
             host = await node.memory.host_footprint(sandbox_id)
-            found[sandbox_id] = _metric(sample, host.pss if host is not None else None)
+        except (NotFound, Unavailable):
+            # Gone (killed between the two reads, too), or its guest did not answer: left
+            # out, as not running.
+            continue
+        found[sandbox_id] = _metric(sample, host.pss if host is not None else None)
     return SandboxesWithMetrics(sandboxes=found)
 
 

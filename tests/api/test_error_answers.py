@@ -192,3 +192,25 @@ async def test_a_state_store_that_cannot_serve_now_is_a_503_to_retry(
     assert answer.status_code == status
     assert answer.json()["code"] == status
     assert (answer.headers.get("retry-after") == "1") == (status == 503)
+
+
+class MeteredNode(CreatingNode):
+    """A node whose sandbox is killed between its guest's metrics and its VMM's figures."""
+
+    def __init__(self, h: Harness) -> None:
+        super().__init__(h)
+        self.manager = h.manager
+        self.memory = self
+
+    async def host_footprint(self, sandbox_id: str) -> None:
+        await self.manager.kill(sandbox_id)
+        await self.manager.get(sandbox_id)  # NotFound now, as the real keeper's read is
+
+
+async def test_a_sandbox_killed_while_its_metrics_are_read_is_left_out(h: Harness) -> None:
+    async with client(api(MeteredNode(h))) as c:
+        created = await c.post("/sandboxes", json={"templateID": "base"})
+        sandbox_id = created.json()["sandboxID"]
+        answer = await c.get("/sandboxes/metrics", params={"sandbox_ids": sandbox_id})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"sandboxes": {}}
