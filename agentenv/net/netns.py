@@ -215,16 +215,18 @@ async def create_detached_tap(netns: str) -> None:
 
 
 async def destroy_network(netns: str, host_veth: str | None = None) -> None:
-    """Delete the namespace (and with it the tap, the veth pair and its rules); idempotent."""
-    if (NETNS_DIR / netns).exists():
-        await _run("ip", "netns", "del", netns)
+    """Delete the veth pair, then the namespace (and with it the tap and its rules);
+    idempotent. The pair goes first: deleting it is done when `ip` returns, while a deleted
+    namespace takes its interfaces down later, in the kernel's own time."""
     if host_veth and link_exists(host_veth):
         try:
             await _run("ip", "link", "del", host_veth)
         except NetworkError:
-            # Deleting the namespace removes the pair asynchronously; gone is what we want.
+            # A namespace deleted earlier (a crash mid-teardown) may be taking it down.
             if link_exists(host_veth):
                 raise
+    if (NETNS_DIR / netns).exists():
+        await _run("ip", "netns", "del", netns)
 
 
 def namespace_exists(netns: str) -> bool:
