@@ -349,13 +349,16 @@ class Configured(Protocol):
 
 
 def boot_snapshot(server: Configured, memory_mb: int) -> Path | None:
-    """The server's complete boot snapshot for guests of `memory_mb`, if there is one."""
+    """The server's complete boot snapshot for guests of `memory_mb` and its configured
+    vCPUs, if there is one (other tests make snapshots of other shapes beside it)."""
     cfg = load_config(env=server.env)
     kit = load_kit(cfg)
     assert kit is not None
     root = cfg.kit_dir / "boot-snapshots"
     found = complete_snapshots(root, kit.version, qemu_version_name(cfg.vmm.qemu_binary))
-    return next((path for path, meta in found.items() if meta["memory_mb"] == memory_mb), None)
+    shape = (cfg.sandbox.vcpus, memory_mb)
+    matching = (p for p, meta in found.items() if (meta["vcpus"], meta["memory_mb"]) == shape)
+    return next(matching, None)
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.5) -> bool:
