@@ -283,6 +283,23 @@ class ListedSandbox(BaseModel):
     envdUnresponsiveAtPause: bool | None = None
 
 
+class SandboxRecordAnswer(BaseModel):
+    """E2B's `SandboxRecord` (`GET /unstable/sandboxes/{id}/record`): a sandbox that still
+    exists here; its logs and metrics are kept while it does."""
+
+    templateID: str
+    alias: str | None = None
+    sandboxID: str
+    startedAt: datetime
+    stoppedAt: datetime | None = None
+    cpuCount: int
+    memoryMB: int
+    diskSizeMB: int
+    domain: str | None = None
+    retentionExpired: bool = False
+    eventsRetentionExpired: bool = False
+
+
 class Lifecycle(BaseModel):
     autoResume: bool
     onTimeout: Literal["kill", "pause"]

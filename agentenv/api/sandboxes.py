@@ -46,6 +46,7 @@ from .models import (
     SandboxesWithMetrics,
     SandboxMetric,
     SandboxNetwork,
+    SandboxRecordAnswer,
     TimeoutBody,
 )
 
@@ -211,6 +212,25 @@ async def many_sandboxes_metrics(node: NodeDep, sandbox_ids: str) -> SandboxesWi
 @router.get("/sandboxes/{sandbox_id}", response_model_exclude_none=True)
 async def get_sandbox(manager: ManagerDep, cfg: ConfigDep, sandbox_id: str) -> SandboxDetail:
     return sandbox_detail(await manager.get(sandbox_id), public_domain(cfg))
+
+
+@router.get("/unstable/sandboxes/{sandbox_id}/record")
+async def sandbox_record(
+    manager: ManagerDep, cfg: ConfigDep, sandbox_id: str
+) -> SandboxRecordAnswer:
+    """E2B's record of a sandbox. Only a sandbox that exists has one here: a killed
+    sandbox's record goes with it (404)."""
+    record = await manager.get(sandbox_id)
+    return SandboxRecordAnswer(
+        templateID=record.template_id,
+        alias=record.alias,
+        sandboxID=record.sandbox_id,
+        startedAt=record.started_at,
+        cpuCount=record.vcpus,
+        memoryMB=record.memory_mb,
+        diskSizeMB=record.disk_mb,
+        domain=public_domain(cfg),
+    )
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)

@@ -63,7 +63,7 @@ from .plane import ControlPlane
 
 # Headers a relayed API request does not carry on (httpx sets its own framing and host).
 _DROP = HOP_BY_HOP | {b"host"}
-_SANDBOX_PATH = re.compile(r"^/(?:v2/)?sandboxes/([^/]+)(?:/.*)?$")
+_SANDBOX_PATH = re.compile(r"^/(?:v2/|unstable/)?sandboxes/([^/]+)(?:/.*)?$")
 # Seconds the data plane trusts what it looked up about a sandbox's node.
 _ROUTE_TTL = 2.0
 # Routes served past the bound on requests in flight: an operator's view of the plane.

@@ -324,20 +324,24 @@ def test_what_sdk_2_64_added_cpus_shells_and_paged_templates() -> None:
     """`Sandbox.create(cpu_count=…)`, `commands.run(shell=…)` and `Template.list(limit=…)`;
     a snapshot of a running guest keeps its CPUs, and asking for others is a clear 400."""
     sandbox = Sandbox.create(cpu_count=2)
+    api = os.environ["E2B_API_URL"]
+    key = {"X-API-Key": os.environ["E2B_API_KEY"]}
+    record = f"{api}/unstable/sandboxes/{sandbox.sandbox_id}/record"
     try:
         assert sandbox.commands.run("nproc").stdout == "2\n"
+        answer = httpx.get(record, headers=key)
+        assert answer.status_code == 200 and answer.json()["cpuCount"] == 2, answer.text
         assert sandbox.commands.run("echo $0", shell=["/bin/sh", "-c"]).stdout == "/bin/sh\n"
         sandbox.pause()
         refused = httpx.post(
-            f"{os.environ['E2B_API_URL']}/sandboxes/{sandbox.sandbox_id}/resume",
-            json={"cpuCount": 1},
-            headers={"X-API-Key": os.environ["E2B_API_KEY"]},
+            f"{api}/sandboxes/{sandbox.sandbox_id}/resume", json={"cpuCount": 1}, headers=key
         )
         assert refused.status_code == 400 and "its 2 CPUs" in refused.json()["message"]
         sandbox = Sandbox.connect(sandbox.sandbox_id)
         snapshot = sandbox.create_snapshot()
     finally:
         sandbox.kill()
+    assert httpx.get(record, headers=key).status_code == 404
     try:
         with pytest.raises(SandboxException, match="its size is fixed") as fixed:
             Sandbox.create(snapshot.snapshot_id, cpu_count=1)
