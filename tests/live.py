@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import os
 import secrets
 import shutil
@@ -16,13 +15,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
 from agentenv.cluster.postgres import free_port
 from agentenv.config import load_config
 from agentenv.guest.kit import load_kit
+from agentenv.net.subnetclaim import SubnetTaken, claimed_subnet
 from agentenv.runtime.machine.bootsnap import complete_snapshots
 from agentenv.storage.blockd import BlockdClient
 from agentenv.vmm.qemu import qemu_version_name, run_dir_for
@@ -37,36 +37,35 @@ TEST_KEY = "e2b_" + "5" * 40
 AENV = str(Path(sys.executable).with_name("aenv"))
 
 
-# A lock file per /16 a test server holds, so servers of other pytest workers skip it
-# even before it shows on an interface.
-NETWORK_LOCKS = Path("/run/lock/aenv-test-networks")
-_claimed: dict[str, IO[bytes]] = {}
+# Where test servers claim their /16 (`net/subnetclaim.py`, in a directory of their own
+# so the server's own claim on it succeeds): other workers skip it even before it shows
+# on an interface.
+NETWORK_CLAIMS = Path("/run/lock/aenv-test-networks")
+_claimed: dict[str, contextlib.ExitStack] = {}
 
 
 def _unique_network() -> tuple[str, str]:
     """A name prefix and a /16 no other server on this host uses (they may run at once)."""
     used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
-    NETWORK_LOCKS.mkdir(parents=True, exist_ok=True)
     for _ in range(100):
         octet = secrets.choice(range(100, 190))
+        subnet = f"10.{octet}.0.0/16"
         if f" 10.{octet}." in used:
             continue
-        subnet = f"10.{octet}.0.0/16"
-        lock = open(NETWORK_LOCKS / f"10.{octet}", "ab")
+        claim = contextlib.ExitStack()
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
+            claim.enter_context(claimed_subnet(subnet, NETWORK_CLAIMS))
+        except SubnetTaken:
             continue
-        _claimed[subnet] = lock
+        _claimed[subnet] = claim
         return f"at{secrets.token_hex(2)}", subnet
     raise RuntimeError("no free 10.x.0.0/16 for a test server")
 
 
 def _release_network(subnet: str) -> None:
-    lock = _claimed.pop(subnet, None)
-    if lock is not None:
-        lock.close()
+    claim = _claimed.pop(subnet, None)
+    if claim is not None:
+        claim.close()
 
 
 @dataclass

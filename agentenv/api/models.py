@@ -285,7 +285,8 @@ class ListedSandbox(BaseModel):
 
 class SandboxRecordAnswer(BaseModel):
     """E2B's `SandboxRecord` (`GET /unstable/sandboxes/{id}/record`): a sandbox that still
-    exists here; its logs and metrics are kept while it does."""
+    exists here; its logs and metrics are kept while it does. Made from a listing's fields,
+    of which it keeps its own."""
 
     templateID: str
     alias: str | None = None

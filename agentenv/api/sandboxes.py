@@ -221,16 +221,7 @@ async def sandbox_record(
     """E2B's record of a sandbox. Only a sandbox that exists has one here: a killed
     sandbox's record goes with it (404)."""
     record = await manager.get(sandbox_id)
-    return SandboxRecordAnswer(
-        templateID=record.template_id,
-        alias=record.alias,
-        sandboxID=record.sandbox_id,
-        startedAt=record.started_at,
-        cpuCount=record.vcpus,
-        memoryMB=record.memory_mb,
-        diskSizeMB=record.disk_mb,
-        domain=public_domain(cfg),
-    )
+    return SandboxRecordAnswer(**listed_fields(record), domain=public_domain(cfg))
 
 
 @router.delete("/sandboxes/{sandbox_id}", status_code=204)

@@ -27,11 +27,12 @@ import boto3
 import httpx
 
 from ..config import Config, load_config
+from ..guest.buildutil import locked
 from ..net.netns import list_namespaces
 from ..storage.blockd import BlockdClient
 from ..volumes.nfs import NfsServer
 from ..wire import API_KEY_HEADER
-from .network import ClusterNetwork, choosing_subnet
+from .network import CHOICE_LOCK, ClusterNetwork
 from .postgres import LocalPostgres, free_port
 from .registry import registry_argv, wait_registry
 
@@ -144,30 +145,28 @@ class LocalCluster:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "logs").mkdir(exist_ok=True)
         ports = [free_port() for _ in range(3 if registry else 2)]
-        with choosing_subnet():
+        with contextlib.ExitStack() as choosing:
+            choosing.enter_context(locked(CHOICE_LOCK))
             state = ClusterState(
                 api_key="e2b_" + secrets.token_hex(20), network=ClusterNetwork.choose()
             )
             self._save(state)
             try:
                 state.network.create(open_ports=ports)
+                choosing.close()  # the bridge holds the address: others may choose now
+                postgres = LocalPostgres(self.directory / "postgres")
+                state.state_url = postgres.start(ports[0], host=state.network.gateway)
+                self._start_s3(state, ports[1])
+                if registry:
+                    self._start_registry(state, ports[2])
+                for index in range(1, nodes + 1):
+                    self._start_node(state, index)
+                self._start_control(state, port or free_port())
+                self._wait_ready(state, nodes, timeout)
             except BaseException:
+                self._save(state)
                 self.down()
                 raise
-        try:
-            postgres = LocalPostgres(self.directory / "postgres")
-            state.state_url = postgres.start(ports[0], host=state.network.gateway)
-            self._start_s3(state, ports[1])
-            if registry:
-                self._start_registry(state, ports[2])
-            for index in range(1, nodes + 1):
-                self._start_node(state, index)
-            self._start_control(state, port or free_port())
-            self._wait_ready(state, nodes, timeout)
-        except BaseException:
-            self._save(state)
-            self.down()
-            raise
         return state
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> tuple[int, str]:

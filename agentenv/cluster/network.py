@@ -9,12 +9,10 @@ the host lets nodes open only PostgreSQL and S3 on it, and forwards their egress
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import ipaddress
 import secrets
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +20,8 @@ from ..net.netns import enable_forwarding, install_chains, link_exists, remove_c
 from ..net.policy import HostChain
 
 NODE_INTERFACE = "eth0"
-# Held by the cluster choosing a bridge subnet until its bridge holds the address.
+# Held by a cluster from choosing its bridge's subnet until the bridge holds the address:
+# two clusters started at once on one host would otherwise both see the same one free.
 CHOICE_LOCK = Path("/run/lock/aenv-cluster-subnet.lock")
 
 
@@ -34,16 +33,6 @@ def _ip(*args: str, stdin: str | None = None) -> None:
     done = subprocess.run(["ip", *args], input=stdin, capture_output=True, text=True)
     if done.returncode != 0:
         raise ClusterNetworkError(f"ip {' '.join(args[:4])}: {done.stderr.strip()}")
-
-
-@contextlib.contextmanager
-def choosing_subnet() -> Iterator[None]:
-    """Hold while choosing a subnet and creating its bridge: two clusters started at once
-    on one host would otherwise see the same subnet free."""
-    CHOICE_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(CHOICE_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _free_subnet() -> str:

@@ -46,7 +46,11 @@ async def requested_record(
     disk_mb: int | None = None,
 ) -> SandboxRecord:
     """A new record for a create request, its timeout clamped (the sandbox from a template
-    here, or from a snapshot); `disk_mb` is its disk's demand (else the default)."""
+    here, or from a snapshot); `disk_mb` is its disk's demand (else the default). A size
+    the request asks for that this node can never run is the caller's error (400)."""
+    most = manager.intake.capacity.max_vcpus
+    if request.vcpus is not None and request.vcpus > most:
+        raise InvalidInput(f"cpuCount: at most {most} vCPUs here, {request.vcpus} asked")
     return await manager.intake.new_record(
         template_id=template_id,
         alias=alias,
@@ -70,9 +74,6 @@ class SandboxCreations:
     async def create(self, request: CreateRequest) -> SandboxRecord:
         """Start a sandbox; on any failure every acquired resource is released again."""
         manager = self.manager
-        most = manager.intake.capacity.max_vcpus
-        if request.vcpus is not None and request.vcpus > most:
-            raise InvalidInput(f"cpuCount: at most {most} vCPUs here, {request.vcpus} asked")
         template = await asyncio.to_thread(manager.machines.catalog.resolve, request.template_id)
         sandbox = manager.cfg.sandbox
         shape = Shape(
