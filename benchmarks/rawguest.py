@@ -23,11 +23,14 @@ from agentenv.vmm.qemu import QemuDriver
 from agentenv.vmm.qemuimg import create_qcow2
 from agentenv.wire import ENVD_PORT
 
+# Connects every few ms until the guest takes the connection, then waits for its answer:
+# dropped sooner, a guest starved of CPU among dozens never gets one answered.
 _HEALTH_PROBE = """
 import socket, sys, time
 while True:
     try:
         with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=0.05) as conn:
+            conn.settimeout(float(sys.argv[3]))
             conn.sendall(b"GET /health HTTP/1.0\\r\\n\\r\\n")
             if b" 204 " in conn.recv(64):
                 break
@@ -84,7 +87,8 @@ class RawGuest:
         """Seconds from the restore call until the agent answers."""
         probe = await asyncio.create_subprocess_exec(
             "ip", "netns", "exec", self.netns, sys.executable, "-c", _HEALTH_PROBE,
-            self.cfg.net.guest_ip, str(ENVD_PORT), stdout=asyncio.subprocess.PIPE,
+            self.cfg.net.guest_ip, str(ENVD_PORT), str(RESTORE_TIMEOUT),
+            stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         start = time.monotonic()
         try:

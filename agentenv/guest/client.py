@@ -19,6 +19,8 @@ from .rpc import ConnectError, EnvelopeDecoder, encode_envelope, error_from_json
 
 # Seconds the host waits for the guest's own routes (/init, /reclaim, /sync).
 HOST_CALL_TIMEOUT = 30.0
+# Seconds a health poll waits for its connection: a guest not up yet refuses or drops it.
+CONNECT_TIMEOUT = 1.0
 # Seconds between the keepalives the agent sends on a quiet process stream.
 KEEPALIVE_SECONDS = 30
 
@@ -42,20 +44,22 @@ class AgentClient:
         # Handed over with every /init: seconds of idle before the guest gives memory back.
         self._reclaim_after_idle = reclaim_after_idle
 
-    async def healthy(self) -> bool:
+    async def healthy(self, answer_within: float = CONNECT_TIMEOUT) -> bool:
         """One `GET /health` over a bare connection (polled during boot: a refused or reset
-        connection is the normal answer then, and httpx's stack mishandles some of those)."""
+        connection is the normal answer then, and httpx's stack mishandles some of those).
+        Once connected, the agent has `answer_within` seconds to answer."""
         url = httpx.URL(self._base_url)
         try:
-            async with asyncio.timeout(1.0):
+            async with asyncio.timeout(CONNECT_TIMEOUT):
                 reader, writer = await asyncio.open_connection(url.host, url.port)
-                try:
+            try:
+                async with asyncio.timeout(answer_within):
                     writer.write(
                         f"GET {ENVD_HEALTH_ROUTE} HTTP/1.0\r\nHost: agent\r\n\r\n".encode()
                     )
                     status = await reader.readline()
-                finally:
-                    writer.close()
+            finally:
+                writer.close()
         except (OSError, TimeoutError):
             return False
         return status.split(b" ")[1:2] == [b"204"]

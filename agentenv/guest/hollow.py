@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import Unavailable
-from .client import AgentClient
+from .client import CONNECT_TIMEOUT, AgentClient
 
 _NOTHING_RUNS = "a hollow node's sandbox has no guest to run anything"
 
@@ -16,7 +16,7 @@ _NOTHING_RUNS = "a hollow node's sandbox has no guest to run anything"
 class HollowAgent(AgentClient):
     """Healthy, initialised and idle; a process or a file is refused."""
 
-    async def healthy(self) -> bool:
+    async def healthy(self, answer_within: float = CONNECT_TIMEOUT) -> bool:
         return True
 
     async def init(self, env_vars: dict[str, str], access_token: str | None, **_: Any) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from agentenv.config import Config
+from agentenv.guest.client import CONNECT_TIMEOUT
 from agentenv.guest.kit import Kit
 from agentenv.images.catalog import Template
 from agentenv.net.hollow import HollowNamespaces
@@ -60,7 +61,7 @@ class FakeAgent:
     idle_seconds: float = 0.0
     reclaims: int = 0
 
-    async def healthy(self) -> bool:
+    async def healthy(self, answer_within: float = CONNECT_TIMEOUT) -> bool:
         return self.healthy_answer
 
     async def init(self, env_vars: dict[str, str], token: str | None, **_: Any) -> None:

@@ -92,9 +92,11 @@ class VmLauncher:
     async def _await_agent(
         self, handle: VmHandle, agent: AgentClient, timeout: float, poll: float
     ) -> None:
-        """Until the agent answers; TimeoutError after `timeout`, VmmError if the VMM exits."""
+        """Until the agent answers; TimeoutError after `timeout`, VmmError if the VMM exits.
+        A connected poll waits for its answer: on a loaded host a restored guest may take
+        seconds to answer its first, and polls dropped sooner would never be answered."""
         async with asyncio.timeout(timeout):
-            while not await agent.healthy():
+            while not await agent.healthy(answer_within=timeout):
                 if not self.driver.is_alive(handle):
                     raise VmmError("the VM exited before its agent answered")
                 await asyncio.sleep(poll)
