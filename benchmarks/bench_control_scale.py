@@ -41,6 +41,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from agentenv.cluster.local import ClusterState, LocalCluster
 from agentenv.state.sandboxes import engine_url
 
+from .cpu import cpu_seconds
+
 # Every server of the cluster. Real nodes promise little memory (3% of the host), so only
 # two real VMs run on each (an idle guest under TCG takes a tenth of a core); hollow
 # nodes get room for their share of the sandboxes.
@@ -84,11 +86,6 @@ def quantiles(values: list[float]) -> dict[str, float]:
         "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 1),
         "n": len(ordered),
     }
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def statements(url: str) -> float:

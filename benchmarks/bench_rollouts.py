@@ -7,8 +7,11 @@ the CPU-bound floor measured in the same run: the raw QEMU driver restoring as m
 guests at once as the rung has workers, on the same cores (`rawguest.RawGuest`). An
 episode restores a guest twice (its create and its rollback), so the floor's episodes/s
 is half its restores/s; the commands and the file an episode runs in between are ours
-to pay. Goals (issue 26): no errors (overload is a wait or a 429 the SDK retries), p99 ≤
-3 times p50, episodes/s ≥ 0.7 of the floor.
+to pay. Where the cores went is counted too, per episode and per raw restore: the
+platform's processes (a server, or a cluster's control plane, nodes, S3 and PostgreSQL),
+this client, and the rest of the machine (the guests' QEMUs). Goals (issue 26): no
+errors (overload is a wait or a 429 the SDK retries), p99 ≤ 3 times p50, episodes/s ≥
+0.7 of the floor.
 
 On one node, or with `--nodes N` through the control plane of a local cluster of N nodes
 (on the same cores). Run: `python -m benchmarks.bench_rollouts [--workers 1 4 8 16 32]
@@ -36,6 +39,7 @@ from e2b import AsyncSandbox
 from agentenv.cluster.local import LocalCluster
 
 from .bench_pause import p50, p99
+from .cpu import cpu_seconds, machine_busy_seconds
 from .harness import live_server, wait_snapshot
 from .rawguest import RawGuest
 
@@ -60,6 +64,37 @@ class Endpoint:
     nodes: int
     # The settings it was started with (where its boot snapshots are).
     env: dict[str, str]
+    # The platform's processes, whose CPU is counted apart from the guests'.
+    pids: tuple[int, ...]
+
+
+@dataclass
+class CpuUse:
+    """CPU-seconds spent between `start` and `stop`: the whole machine's, the platform's
+    and this client's; what is left is the guests'."""
+
+    pids: tuple[int, ...]
+    machine: float = 0.0
+    platform: float = 0.0
+    client: float = 0.0
+
+    def _read(self) -> tuple[float, float, float]:
+        platform = sum(cpu_seconds(pid) for pid in self.pids)
+        return machine_busy_seconds(), platform, time.process_time()
+
+    def start(self) -> None:
+        self.machine, self.platform, self.client = self._read()
+
+    def stop(self, per: int) -> dict[str, float]:
+        """Each share per `per` (episodes or restores)."""
+        then = (self.machine, self.platform, self.client)
+        machine, platform, client = ((b - a) / per for a, b in zip(then, self._read(), strict=True))
+        return {
+            "cpu_s": round(machine, 3),
+            "platform_cpu_s": round(platform, 3),
+            "client_cpu_s": round(client, 3),
+            "guests_cpu_s": round(machine - platform - client, 3),
+        }
 
 
 async def rollback(api: Endpoint, sandbox_id: str, snapshot: str) -> None:
@@ -120,34 +155,43 @@ async def rung(api: Endpoint, snapshot: str, workers: int, episodes: int) -> dic
                 kind = type(exc).__name__
                 errors[f"{kind}: {exc}"[:80] if isinstance(exc, RuntimeError) else kind] += 1
 
+    cpu = CpuUse(api.pids)
+    cpu.start()
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(workers)))
     wall = time.perf_counter() - start
     done = workers * episodes - sum(errors.values())
+    used = cpu.stop(max(done, 1))
     return {
         "nodes": api.nodes,
         "workers": workers,
         "episodes": workers * episodes,
         "episodes_per_s": round(done / wall, 3),
         "errors": dict(errors),
+        **{f"episode_{share}": seconds for share, seconds in used.items()},
         **{f"{n}_p50_s": p50(t) for n, t in timings.items() if t},
         **{f"{n}_p99_s": p99(t) for n, t in timings.items() if t},
     }
 
 
-async def floor(snapshot: Path, workers: int, rounds: int) -> float:
-    """Restores per second of the raw driver, `workers` at once, `rounds` times."""
+async def floor(snapshot: Path, workers: int, rounds: int) -> tuple[float, float]:
+    """Restores per second of the raw driver, `workers` at once, `rounds` times, and the
+    machine's CPU-seconds per restore."""
     with tempfile.TemporaryDirectory(prefix="aenv-floor-") as tmp:
         guests = []
         for i in range(workers):
             (Path(tmp) / str(i)).mkdir()
             guests.append(await RawGuest(Path(tmp) / str(i), name=f"f{i}").__aenter__())
         try:
-            start = time.perf_counter()
+            busy, start = machine_busy_seconds(), time.perf_counter()
             for _ in range(rounds):
                 await asyncio.gather(*(g.restore(snapshot) for g in guests))
                 await asyncio.gather(*(g.stop() for g in guests))
-            return workers * rounds / (time.perf_counter() - start)
+            restores = workers * rounds
+            return (
+                restores / (time.perf_counter() - start),
+                (machine_busy_seconds() - busy) / restores,
+            )
         finally:
             for guest in guests:
                 await guest.__aexit__(None, None, None)
@@ -168,7 +212,7 @@ async def ladder(api: Endpoint, args: argparse.Namespace) -> None:
     for workers in args.workers:
         result = await rung(api, snapshot, workers, args.episodes) | {"bench": "rollouts"}
         try:
-            raw = await floor(boot, workers, args.episodes)
+            raw, raw_cpu = await floor(boot, workers, args.episodes)
         except TimeoutError:
             # Reported, not fatal: the rung's own figures stand without their floor.
             result["floor_error"] = f"{workers} raw restores at once did not all answer"
@@ -177,6 +221,7 @@ async def ladder(api: Endpoint, args: argparse.Namespace) -> None:
         per_episode = raw / RESTORES_PER_EPISODE
         result |= {
             "floor_restores_per_s": round(raw, 3),
+            "floor_restore_cpu_s": round(raw_cpu, 3),
             "floor_episodes_per_s": round(per_episode, 3),
             "episodes_over_floor": round(result["episodes_per_s"] / per_episode, 2),
         }
@@ -188,13 +233,15 @@ def endpoint(nodes: int) -> Iterator[Endpoint]:
     """One node's server, or a local cluster of `nodes` nodes."""
     if nodes <= 1:
         with live_server() as server:
-            yield Endpoint(server.url, server.api_key, 1, server.env)
+            assert server.proc is not None
+            yield Endpoint(server.url, server.api_key, 1, server.env, (server.proc.pid,))
         return
     with tempfile.TemporaryDirectory(prefix="aenv-bench-rollouts-", dir="/tmp") as tmp:
         cluster = LocalCluster(Path(tmp), env=CLUSTER_ENV)
         state = cluster.up(nodes)
         try:
-            yield Endpoint(state.control.url, state.api_key, nodes, dict(os.environ))
+            pids = tuple(member.pid for member in state.members)
+            yield Endpoint(state.control.url, state.api_key, nodes, dict(os.environ), pids)
         finally:
             cluster.down()
 
