@@ -68,6 +68,8 @@ class Event(StrEnum):
     FAILED = "failed"
     # A resume failed after the restored guest ran: its saved state no longer matches.
     LOST = "lost"
+    # A running sandbox's VM exited on its own (the sweeper saw it gone): it is removed.
+    EXITED = "exited"
     # Another node takes the sandbox of a node that was lost (`runtime/node/adoption.py`).
     ADOPT = "adopt"
     # Its network rules are replaced; it stays as it is (one stored change, then applied).
@@ -100,6 +102,7 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     # with it, and the sandbox is paused at its stored files.
     (State.PAUSED, Event.ADOPT): State.PAUSED,
     (State.COPYING, Event.ADOPT): State.PAUSED,
+    (State.RUNNING, Event.EXITED): State.KILLING,
     (State.RUNNING, Event.RECONFIGURE): State.RUNNING,
     (State.PAUSED, Event.RECONFIGURE): State.PAUSED,
     # Kill is always possible, from a stuck transient state too; killing again retries.

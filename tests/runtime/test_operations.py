@@ -16,6 +16,7 @@ import pytest
 from agentenv.errors import Conflict, Unavailable
 from agentenv.images.snapshots import SnapshotRecord, SnapshotRegistry, new_name, new_tag
 from agentenv.runtime.node.recovery import recover
+from agentenv.runtime.node.sweeper import sweep_once
 from agentenv.runtime.sandboxes.manager import GuestLost
 from agentenv.runtime.sandboxes.routes import RouteTable
 from agentenv.runtime.snapshots import persist
@@ -70,6 +71,38 @@ async def test_kill_cancels_a_stuck_pause(h: Harness) -> None:
     await asyncio.wait_for(h.manager.kill(sid), 5)
     with pytest.raises(Conflict, match="killed"):
         await pausing
+    assert await h.state(sid) is None
+    assert gone(h, sid)
+
+
+async def test_the_sweeper_leaves_a_vm_an_operation_stopped_on_purpose(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = await h.create()
+    # A sweep pass that read its leases before the pause began (a slow pass on a loaded
+    # node) sees the VM gone once the pause has stopped it.
+    stale = await h.manager.store.leases()
+
+    async def leases() -> list:  # type: ignore[type-arg]
+        return stale
+
+    monkeypatch.setattr(h.manager.store, "leases", leases)
+    h.driver.gate["pause"] = asyncio.Event()
+    pausing = asyncio.create_task(h.pauses.pause(sid))
+    await asyncio.wait_for(h.driver.held_at("pause"), 5)
+    h.driver.alive.clear()
+    await sweep_once(h.pauses)
+    h.driver.gate["pause"].set()
+    await asyncio.wait_for(pausing, 5)
+    assert await h.state(sid) == "paused"
+    await sweep_once(h.pauses)  # a paused sandbox keeps its last VM's handle: still paused
+    assert await h.state(sid) == "paused"
+
+
+async def test_the_sweeper_removes_a_running_sandbox_whose_vm_exited(h: Harness) -> None:
+    sid = await h.create()
+    h.driver.alive.clear()
+    await sweep_once(h.pauses)
     assert await h.state(sid) is None
     assert gone(h, sid)
 

@@ -23,15 +23,17 @@ async def sweep_once(pauses: SandboxPauses) -> None:
         dead = handle is not None and not manager.driver.is_alive(handle)
         if handle is not None and not dead:
             manager.driver.trim_log(handle)
-        if not (expired or dead):
+        if dead:
+            # The lease may be older than an operation that stopped the VM on purpose.
+            await manager.remove_dead(lease.sandbox_id)
+            continue
+        if not expired:
             continue
         record = await manager.store.get(lease.sandbox_id)
         if record is None:
             continue
-        if dead:
-            log.warning("sandbox %s: VM exited on its own; removing it", record.sandbox_id)
         with contextlib.suppress(NotFound, Conflict):
-            if record.auto_pause and not dead:
+            if record.auto_pause:
                 await pauses.pause(record.sandbox_id, memory=record.auto_pause_memory)
             else:
                 await manager.kill(record.sandbox_id)

@@ -28,7 +28,7 @@ from ...guest.kit import Kit
 from ...images.catalog import TemplateCatalog
 from ...net.rules import EGRESS_FIELDS
 from ...observe.metrics import timed
-from ...state.lifecycle import Event, next_state
+from ...state.lifecycle import Event, TransitionError, next_state
 from ...state.sandboxes import SandboxRecord, SandboxStore
 from ...vmm.driver import VmHandle
 from ..machine.bootsnap import BootSnapshots
@@ -169,6 +169,28 @@ class SandboxManager:
             await self.teardown(record)
         self.gate.forget(sandbox_id)
         log.info("sandbox %s killed", sandbox_id)
+
+    async def remove_dead(self, sandbox_id: str) -> bool:
+        """Remove a running sandbox whose VM exited on its own, judged again under its lock
+        on its current record: an operation (pause, rollback) stops the VM on purpose.
+        Whether it was removed; while an operation holds the sandbox, it is left alone."""
+        lock = self.gate.lock(sandbox_id)
+        if lock.locked():
+            return False
+        async with lock:
+            record = await self.store.get(sandbox_id)
+            if record is None or record.vm is None:
+                return False
+            if self.driver.is_alive(VmHandle.from_dict(record.vm)):
+                return False
+            try:
+                await self._transition(record, Event.EXITED)
+            except TransitionError:
+                return False  # not running (a paused sandbox keeps its last VM's handle)
+            log.warning("sandbox %s: VM exited on its own; removing it", sandbox_id)
+            await self.teardown(record)
+        self.gate.forget(sandbox_id)
+        return True
 
     async def teardown(self, record: SandboxRecord) -> None:
         """Release everything a sandbox holds, then forget it; a failure keeps the record."""
