@@ -34,7 +34,7 @@ DISK_BYTES = 64 * 2**30
 # The agent's log line once it serves requests (it reaches the serial console).
 AGENT_READY = b"aenv agent listening"
 # Bump when what a snapshot holds changes in a way the key does not capture.
-FORMAT = 4
+FORMAT = 5
 # In a VM's workdir: the host's /init secret, which the guest reads through its VMM.
 INIT_SECRET_FILE = "init-secret"
 
