@@ -9,9 +9,11 @@ episode restores a guest twice (its create and its rollback), so the floor's epi
 is half its restores/s; the commands and the file an episode runs in between are ours
 to pay. Where the cores went is counted too, per episode and per raw restore: the
 platform's processes (a server, or a cluster's control plane, nodes, S3 and PostgreSQL),
-this client, and the rest of the machine (the guests' QEMUs). Goals (issue 26): no
-errors (overload is a wait or a 429 the SDK retries), p99 ≤ 3 times p50, episodes/s ≥
-0.7 of the floor.
+this client, and the rest of the machine: mostly the guests' QEMUs, with the node's
+short-lived helpers (ip, iptables, qemu-img) and a cluster's PostgreSQL backends.
+
+Goals (issue 26): no errors (overload is a wait or a 429 the SDK retries), p99 ≤ 3 times
+p50, episodes/s ≥ 0.7 of the floor.
 
 On one node, or with `--nodes N` through the control plane of a local cluster of N nodes
 (on the same cores). Run: `python -m benchmarks.bench_rollouts [--workers 1 4 8 16 32]
@@ -64,14 +66,14 @@ class Endpoint:
     nodes: int
     # The settings it was started with (where its boot snapshots are).
     env: dict[str, str]
-    # The platform's processes, whose CPU is counted apart from the guests'.
+    # The platform's long-lived processes, whose CPU is counted apart from the guests'.
     pids: tuple[int, ...]
 
 
 @dataclass
 class CpuUse:
     """CPU-seconds spent between `start` and `stop`: the whole machine's, the platform's
-    and this client's; what is left is the guests'."""
+    and this client's; the rest is mostly the guests'."""
 
     pids: tuple[int, ...]
     machine: float = 0.0
@@ -93,7 +95,7 @@ class CpuUse:
             "cpu_s": round(machine, 3),
             "platform_cpu_s": round(platform, 3),
             "client_cpu_s": round(client, 3),
-            "guests_cpu_s": round(machine - platform - client, 3),
+            "rest_cpu_s": round(machine - platform - client, 3),
         }
 
 
