@@ -44,7 +44,7 @@ from agentenv.state.sandboxes import engine_url
 from .cpu import cpu_seconds
 
 # Every server of the cluster. Real nodes promise little memory (3% of the host), so only
-# two real VMs run on each (an idle guest under TCG takes a tenth of a core); hollow
+# two real VMs run on each (even idle, a guest under TCG takes CPU of its own); hollow
 # nodes get room for their share of the sandboxes.
 ENV = {
     "AENV_CLUSTER_ACCEPT_HOLLOW_NODES": "true",
