@@ -80,3 +80,22 @@ async def test_those_behind_the_head_are_told_why(h: Harness) -> None:
     assert "1 earlier requests wait for room; waited 0.3 s" in str(refused.value)
     with pytest.raises(AtCapacity, match="waited 3 s for room"):
         await head
+
+
+async def test_a_line_that_moves_is_no_full_host(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests admitted one after another past the wait, each slow to record (a loaded
+    node), all get in: the wait bounds waiting for room, not for a turn."""
+    h.manager.intake.capacity = Capacity(memory_mb=1 << 20, disk_mb=1 << 30, max_vcpus=2)
+    h.manager.cfg.sandbox.admission_wait = 0.3
+    store = h.manager.store
+    insert = store.insert
+
+    async def slow_insert(record):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.1)
+        await insert(record)
+
+    monkeypatch.setattr(store, "insert", slow_insert)
+    created = await asyncio.wait_for(asyncio.gather(*(h.create() for _ in range(8))), 10)
+    assert len(set(created)) == 8  # 0.8 s of turns, past the 0.3 s wait

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import secrets
 import string
@@ -55,6 +56,9 @@ class SandboxIntake:
         self._turns = asyncio.Condition()
         # Why the head of the line was last refused (told to those behind it).
         self._refusal = "the host has no room"
+        # When the line last moved (someone was admitted): waiting while it moves is
+        # waiting for a turn, not for room, and does not count against the wait.
+        self._moved_at = 0.0
         # Network slots held by VMs that are no sandbox yet (the warm pool's).
         self._held_slots: set[int] = set()
 
@@ -74,14 +78,15 @@ class SandboxIntake:
     @asynccontextmanager
     async def admitted(self, demand: Demand, exclude: str | None = None) -> AsyncIterator[None]:
         """`demand` admitted in its turn; the block runs under `lock`, so what it records
-        is committed before anyone else is admitted. `AtCapacity` once the wait is over."""
+        is committed before anyone else is admitted. `AtCapacity` once it has waited its
+        wait and nobody was admitted for as long (a line that moves is no full host)."""
         loop = asyncio.get_running_loop()
         wait = self.cfg.sandbox.admission_wait
-        deadline = loop.time() + wait
+        arrived = loop.time()
         ticket = object()
         self._line.append(ticket)
         try:
-            if not await self._turn(ticket, deadline):
+            if not await self._turn(ticket, arrived, wait):
                 ahead = self._line.index(ticket)
                 raise AtCapacity(
                     f"{self._refusal} ({ahead} earlier requests wait for room; waited {wait:g} s)"
@@ -92,10 +97,11 @@ class SandboxIntake:
                         await self.admit(demand, exclude)
                     except AtCapacity as refusal:
                         self._refusal = refusal.message
-                        if loop.time() + RETRY_INTERVAL > deadline:
+                        if loop.time() + RETRY_INTERVAL > self._gives_up(arrived, wait):
                             message = f"{refusal.message} (waited {wait:g} s for room)"
                             raise AtCapacity(message) from None
                     else:
+                        self._moved_at = loop.time()
                         yield
                         return
                 await asyncio.sleep(RETRY_INTERVAL)
@@ -104,16 +110,21 @@ class SandboxIntake:
             async with self._turns:
                 self._turns.notify_all()
 
-    async def _turn(self, ticket: object, deadline: float) -> bool:
-        """Wait until `ticket` heads the line; False when the deadline came first."""
-        timeout = deadline - asyncio.get_running_loop().time()
+    def _gives_up(self, arrived: float, wait: float) -> float:
+        """When a request that `arrived` gives up: `wait` after it came, or after the line
+        last moved, whichever is later."""
+        return max(arrived, self._moved_at) + wait
+
+    async def _turn(self, ticket: object, arrived: float, wait: float) -> bool:
+        """Wait until `ticket` heads the line; False once it gives up first."""
+        loop = asyncio.get_running_loop()
         async with self._turns:
-            try:
-                await asyncio.wait_for(
-                    self._turns.wait_for(lambda: self._line[0] is ticket), timeout
-                )
-            except TimeoutError:
-                return False
+            while self._line[0] is not ticket:
+                timeout = self._gives_up(arrived, wait) - loop.time()
+                if timeout <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._turns.wait(), timeout)
         return True
 
     async def new_record(
