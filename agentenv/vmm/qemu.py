@@ -52,13 +52,10 @@ _DEVICE_STATE = "devices.partial"
 # QEMU opens a RAM file read-only for a writable private mapping (`readonly=on,rom=off`)
 # from 8.2 on; before, a balloon discard punched holes into the file under every clone.
 _PRIVATE_RAM_SINCE = (8, 2)
-
-
 # QEMU's minimal microvm firmware: SeaBIOS (the default) sets up disks where QEMU put the
 # initrd of a guest with exactly 2 GiB, which then never boots (docs/snapshots.md).
 FIRMWARE = "qboot.rom"
-# TCG's default CPU with an always-running APIC timer (ARAT): else, with no HPET either,
-# the guest never stops its tick in idle (250 wakeups a second, 3.5 times the idle CPU).
+# TCG's CPU with ARAT, so that with no HPET either the guest stops its tick in idle.
 TCG_CPU = "qemu64,+arat"
 
 
