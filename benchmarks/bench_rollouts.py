@@ -70,27 +70,24 @@ class Endpoint:
     pids: tuple[int, ...]
 
 
-@dataclass
-class CpuUse:
-    """CPU-seconds spent between `start` and `stop`: the whole machine's, the platform's
-    and this client's; the rest is mostly the guests'."""
+@dataclass(frozen=True)
+class CpuReading:
+    """CPU-seconds used so far: by the whole machine, the platform and this client."""
 
-    pids: tuple[int, ...]
-    machine: float = 0.0
-    platform: float = 0.0
-    client: float = 0.0
+    machine: float
+    platform: float
+    client: float
 
-    def _read(self) -> tuple[float, float, float]:
-        platform = sum(cpu_seconds(pid) for pid in self.pids)
-        return machine_busy_seconds(), platform, time.process_time()
+    @classmethod
+    def now(cls, pids: tuple[int, ...]) -> CpuReading:
+        platform = sum(cpu_seconds(pid) for pid in pids)
+        return cls(machine_busy_seconds(), platform, time.process_time())
 
-    def start(self) -> None:
-        self.machine, self.platform, self.client = self._read()
-
-    def stop(self, per: int) -> dict[str, float]:
-        """Each share per `per` (episodes or restores)."""
-        then = (self.machine, self.platform, self.client)
-        machine, platform, client = ((b - a) / per for a, b in zip(then, self._read(), strict=True))
+    def shares_since(self, earlier: CpuReading, per: int) -> dict[str, float]:
+        """Each share since `earlier`, per `per` (episodes); the rest is mostly the guests'."""
+        machine = (self.machine - earlier.machine) / per
+        platform = (self.platform - earlier.platform) / per
+        client = (self.client - earlier.client) / per
         return {
             "cpu_s": round(machine, 3),
             "platform_cpu_s": round(platform, 3),
@@ -157,13 +154,11 @@ async def rung(api: Endpoint, snapshot: str, workers: int, episodes: int) -> dic
                 kind = type(exc).__name__
                 errors[f"{kind}: {exc}"[:80] if isinstance(exc, RuntimeError) else kind] += 1
 
-    cpu = CpuUse(api.pids)
-    cpu.start()
-    start = time.perf_counter()
+    before, start = CpuReading.now(api.pids), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(workers)))
     wall = time.perf_counter() - start
     done = workers * episodes - sum(errors.values())
-    used = cpu.stop(max(done, 1))
+    used = CpuReading.now(api.pids).shares_since(before, max(done, 1))
     return {
         "nodes": api.nodes,
         "workers": workers,
