@@ -189,6 +189,9 @@ class CacheConfig:
     low_water: float = 0.7
     # Empty means <home>/cache.
     dir: str = ""
+    # Bound on the template builds' step cache (the disk kept after each RUN and COPY
+    # step): past it, the entries least recently built from are deleted.
+    build_max_bytes: int = 10 * 2**30
 
 
 @dataclass

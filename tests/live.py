@@ -101,6 +101,8 @@ class LiveServer:
             "AENV_SANDBOX_MEMORY_MB": "256",
             # Its build takes minutes: only the code interpreter's tests turn it on.
             "AENV_SERVER_CODE_INTERPRETER": "false",
+            # Builds of many tests share a server: its step cache stays small on CI's disk.
+            "AENV_CACHE_BUILD_MAX_BYTES": str(2 * 2**30),
             **self.extra_env,
         }
 
@@ -390,3 +392,5 @@ def checked_server(
     left = leftovers(live)
     sweep(live)
     assert not left, f"the server in {live.home} left {left}"
+    # Its snapshots and caches take gigabytes; a server that left nothing needs no study.
+    shutil.rmtree(live.home, ignore_errors=True)

@@ -54,10 +54,16 @@ class SnapshotRecord:
     # SNAPSHOT (of a sandbox), TEMPLATE (a template built from steps) or BUILD_CACHE (the
     # disk after one build step); only the first are listed as snapshots.
     kind: str = "snapshot"
+    # When a build last started from this BUILD_CACHE entry; empty: never since taken.
+    used_at: str = ""
 
     @property
     def created(self) -> datetime:
         return datetime.fromisoformat(self.created_at)
+
+    @property
+    def last_used(self) -> datetime:
+        return datetime.fromisoformat(self.used_at or self.created_at)
 
     @property
     def snapshot_id(self) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from ..errors import AenvError
+from ..errors import AenvError, NotFound
 from ..guest.rpc import ConnectError
 from .builds import Build
 from .buildscripts import DEFAULT_USER, grow_script, systemctl_script, user_script
@@ -144,7 +144,15 @@ class StepBuild:
         start, state, origin = await self._deepest_cached(keys)
         self._log(1, f"FROM {recipe.parent}")
         try:
-            sandbox = await self.host.create(origin, build.vcpus, build.memory_mb)
+            try:
+                sandbox = await self.host.create(origin, build.vcpus, build.memory_mb)
+            except NotFound:
+                if start == 0:
+                    raise
+                # Its cache entry was evicted since it was found (another build took the
+                # cache past its bound): every step runs, from the parent.
+                start, state = 0, StepState()
+                sandbox = await self.host.create(recipe.parent, build.vcpus, build.memory_mb)
         except AenvError as exc:
             raise StepFailed(exc.message, "base") from exc
         try:

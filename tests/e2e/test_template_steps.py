@@ -12,7 +12,8 @@ import pytest
 from e2b import Sandbox, Template, wait_for_port
 from e2b.exceptions import BuildException, SandboxException
 
-from ..live import AENV, TEST_KEY, LiveServer
+from ..live import AENV, TEST_KEY, LiveServer, point_sdk
+from ..vmfactory import VmFactory
 
 pytestmark = [pytest.mark.vm, pytest.mark.usefixtures("e2b_env")]
 
@@ -100,16 +101,61 @@ def test_a_template_from_steps_starts_its_sandboxes_ready(
     cached = [line for line in logs if "CACHED" in line]
     assert len(cached) == 6, logs  # every step but FROM
     # Forced (`skip_cache`), the build runs every step again; each step keeps one entry
-    # (other tests' builds on this server have entries of their own).
+    # (other tests' builds on this server have entries of their own, which the cache's
+    # bound may evict meanwhile: they were used less recently).
     snapshots = server.home / "snapshots"
     before = {entry.name for entry in snapshots.glob("buildcache-*")}
     Template.build(_recipe(context), "stepped", cpu_count=1, memory_mb=512, skip_cache=True)
     after = list(snapshots.glob("buildcache-*"))
-    assert {entry.name for entry in after} == before
+    assert {entry.name for entry in after} <= before and len(after) >= 4  # COPY, COPY, RUN, RUN
     assert all(len(list(entry.iterdir())) == 1 for entry in after)
     sandbox = Sandbox.create("stepped")
     try:
         assert sandbox.commands.run("cat index.html").stdout == "hello there\n"
+    finally:
+        sandbox.kill()
+
+
+def test_the_step_cache_keeps_within_its_bound(
+    tmp_path: Path, vms: VmFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded to one byte, the cache keeps only the entry taken last, record and files:
+    the same recipe again starts from it; a changed last step finds nothing before it."""
+    node = vms.own(LiveServer(tmp_path / "home", extra_env={"AENV_CACHE_BUILD_MAX_BYTES": "1"}))
+    node.home.mkdir()
+    node.start()
+    point_sdk(monkeypatch, node.url)
+    logs: list[str] = []
+
+    def build(last_step: str) -> None:
+        logs.clear()
+        recipe = Template().from_template("base").run_cmd("echo one > one").run_cmd(last_step)
+        Template.build(
+            recipe,
+            "bounded",
+            cpu_count=1,
+            memory_mb=512,
+            on_build_logs=lambda e: logs.append(e.message),
+        )
+
+    def entries() -> tuple[list[Path], list[Path]]:
+        records = node.home / "objects" / "snapshots"
+        return list((node.home / "snapshots").glob("buildcache-*/*")), list(
+            records.glob("buildcache-*/*.json")
+        )
+
+    build("echo two > two")
+    files, records = entries()
+    assert len(files) == len(records) == 1, (files, records)
+    build("echo two > two")
+    assert sum("CACHED" in line for line in logs) == 2, logs
+    build("echo three > three")
+    assert not any("CACHED" in line for line in logs), logs
+    files, records = entries()
+    assert len(files) == len(records) == 1, (files, records)
+    sandbox = Sandbox.create("bounded")
+    try:
+        assert sandbox.commands.run("cat one three").stdout == "one\nthree\n"
     finally:
         sandbox.kill()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from e2b.template.utils import tar_file_stream
 
-from agentenv.errors import InvalidInput
+from agentenv.errors import InvalidInput, NotFound
 from agentenv.guest.rpc import ConnectError
 from agentenv.images.builds import Build
 from agentenv.images.buildsteps import StepState, parse_steps
@@ -31,11 +31,15 @@ class FakeHost:
     snapshots: list[tuple[str, StepState, bool]] = field(default_factory=list)
     live: set[str] = field(default_factory=set)
     ready_after: int = 0
+    # Cache entries deleted between a build's lookup and its create.
+    evicted: set[str] = field(default_factory=set)
 
     async def identity(self, parent: str) -> str:
         return f"image:{parent}"
 
     async def create(self, parent: str, vcpus: int | None, memory_mb: int | None) -> str:
+        if parent in self.evicted:
+            raise NotFound(f"template '{parent}' not found")
         sandbox = f"sbx{len(self.calls)}"
         self.live.add(sandbox)
         self.calls.append(("create", parent))
@@ -175,6 +179,18 @@ def test_a_rebuild_starts_from_the_deepest_cached_step() -> None:
     host.calls.clear()
     _build(host, STEPS, force=True)
     assert host.calls[0] == ("create", "img")
+
+
+def test_a_cache_entry_evicted_after_its_lookup_means_a_build_from_the_parent() -> None:
+    host = FakeHost()
+    _build(host, STEPS)
+    host.evicted = {origin for origin, _ in host.cache.values()}
+    host.calls.clear()
+    build, snapshot = _build(host, STEPS)
+    assert snapshot == "tpl:t"
+    assert [c for c in host.calls if c[0] == "create"] == [("create", "img")]
+    assert [c[1] for c in host.calls if c[0] == "run"][-2:] == ["make", "apt-get update"]
+    assert not any("CACHED" in line.message for line in build.logs())
 
 
 def test_a_failing_step_fails_the_build_and_leaves_no_sandbox() -> None:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import UTC, datetime
 
+from ...errors import NotFound
 from ...guest.client import AgentClient
 from ...images.base import load_base_template
+from ...images.buildcache import over_bound
 from ...images.buildsteps import StepState
 from ...images.catalog import BASE
 from ...images.snapshots import BUILD_CACHE, TEMPLATE, SnapshotRecord
@@ -14,6 +19,8 @@ from ...images.stepbuild import cache_entry_name
 from ...state.sandboxes import SandboxOptions, SandboxRecord
 from ..sandboxes.creation import CreateRequest
 from ..snapshots.named import SandboxSnapshots
+
+log = logging.getLogger(__name__)
 
 # A build sandbox lives as long as its build; this only bounds a forgotten one.
 BUILD_SANDBOX_TIMEOUT = 6 * 3600
@@ -95,12 +102,26 @@ class NodeBuildHost:
             for old in builds:
                 if old.tag != taken.tag:
                     await self.snapshots.delete(old.snapshot_id)
+            await self._bound_cache(taken.snapshot_id)
         return taken.snapshot_id
+
+    async def _bound_cache(self, taken: str) -> None:
+        """Delete the entries least recently built from while the cache is over its bound."""
+        records = await asyncio.to_thread(self.snapshots.registry.list)
+        limit = self.manager.cfg.cache.build_max_bytes
+        for entry in over_bound(records, limit, keep=taken):
+            log.info("step cache over %d bytes: evicting %s", limit, entry.snapshot_id)
+            try:
+                await self.snapshots.delete(entry.snapshot_id)
+            except NotFound:
+                continue  # another build evicted it first
 
     async def cached(self, key: str) -> tuple[str, StepState] | None:
         found = await asyncio.to_thread(self.snapshots.registry.lookup, cache_entry_name(key))
         if found is None or found.kind != BUILD_CACHE:
             return None
+        used = replace(found, used_at=datetime.now(UTC).isoformat())
+        await asyncio.to_thread(self.snapshots.registry.save, used)
         return found.snapshot_id, _state_of(found)
 
     async def parent_state(self, parent: str) -> StepState | None:
