@@ -15,7 +15,7 @@ from pathlib import Path
 from agentenv.guest.agent import init_secret
 from agentenv.guest.kit import guest_args
 from agentenv.runtime.machine.bootsnap import INIT_SECRET_FILE, write_init_secret
-from agentenv.vmm.qemu import FIRMWARE, host_tsc_khz, kernel_args
+from agentenv.vmm.qemucommand import FIRMWARE, host_tsc_khz, kernel_args
 
 from .live import free_port
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentenv.vmm import privram
-from agentenv.vmm.qemu import build_command
+from agentenv.vmm.qemucommand import build_command
 
 from .test_qemu_command import _spec
 

@@ -4,7 +4,8 @@ import os
 from pathlib import Path
 
 from agentenv.vmm.driver import DiskSpec, VmSpec
-from agentenv.vmm.qemu import LOG_LIMIT, build_command, host_tsc_khz, trim_log
+from agentenv.vmm.qemu import LOG_LIMIT, trim_log
+from agentenv.vmm.qemucommand import build_command, host_tsc_khz
 from agentenv.vmm.qemuimg import copy_sparse
 
 
