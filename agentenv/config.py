@@ -118,6 +118,9 @@ class VmmConfig:
     # Under TCG, each VM's translated-code cache: it fills during work and stays resident,
     # a memory cost of emulation that KVM does not have (docs/density.md).
     tcg_translation_buffer_mb: int = 64
+    # Niceness of the guests' QEMUs (0-19): the node, its proxy and its API are served
+    # first when guests want every core, whatever code the guests run.
+    guest_nice: int = 5
 
 
 @dataclass
@@ -380,4 +383,6 @@ def load_config(
         raise ConfigError(f"server.log_format {cfg.server.log_format!r}: use text or json")
     if cfg.server.role not in ROLES:
         raise ConfigError(f"server.role {cfg.server.role!r}: use one of {', '.join(ROLES)}")
+    if not 0 <= cfg.vmm.guest_nice <= 19:
+        raise ConfigError(f"vmm.guest_nice {cfg.vmm.guest_nice}: use 0 to 19")
     return cfg

@@ -59,7 +59,7 @@ class RawGuest:
         args = guest_kernel_args(self.cfg)
         shape = Shape(1, memory_mb)
         self.spec = sandbox_vm(kit, vm_name, shape, self.disk, workdir, args, self.netns)
-        self.driver = QemuDriver(self.cfg.vmm.qemu_binary, "tcg")
+        self.driver = QemuDriver(self.cfg.vmm.qemu_binary, "tcg", nice=self.cfg.vmm.guest_nice)
         self.handle: VmHandle | None = None
 
     async def __aenter__(self) -> RawGuest:

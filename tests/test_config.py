@@ -39,6 +39,7 @@ def test_config_path_from_environment(tmp_path: Path) -> None:
         ("[server]\nprot = 1\n", "unknown config key server.prot"),
         ('[server]\nport = "x"\n', "server.port must be int"),
         ("[server\n", "cannot read config"),
+        ("[vmm]\nguest_nice = 20\n", "vmm.guest_nice 20: use 0 to 19"),
     ],
 )
 def test_bad_files_are_refused(tmp_path: Path, text: str, message: str) -> None:

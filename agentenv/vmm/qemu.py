@@ -129,12 +129,14 @@ class QemuDriver:
         *,
         merge_pages: bool = False,
         translation_buffer_mb: int = 64,
+        nice: int = 0,
     ) -> None:
         self.qemu_binary = qemu_binary
         self.accel = accel
         self.run_dir = run_dir
         self.merge_pages = merge_pages
         self.translation_buffer_mb = translation_buffer_mb
+        self.nice = nice
         self._children: dict[int, asyncio.subprocess.Process] = {}
         self._tsc_khz = host_tsc_khz()
         numbers = qemu_version(qemu_binary)
@@ -273,6 +275,7 @@ class QemuDriver:
             base_discards=ram_base is not None and self._privram is not None,
             merge_pages=self.merge_pages,
             translation_buffer_mb=self.translation_buffer_mb,
+            nice=self.nice,
         )
         env = None
         if ram_base is not None and self._privram is not None:

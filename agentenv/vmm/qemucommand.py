@@ -66,6 +66,7 @@ def build_command(
     base_discards: bool = False,
     merge_pages: bool = False,
     translation_buffer_mb: int = 64,
+    nice: int = 0,
 ) -> list[str]:
     """The full QEMU command line for `spec` (pure, so it is unit-tested).
 
@@ -74,6 +75,7 @@ def build_command(
     `ram_base`: map this snapshot RAM file privately instead of the VM's own RAM file.
     `base_discards`: QEMU runs with `privram` preloaded, which keeps that file read-only.
     `merge_pages`: the host kernel may merge guest pages identical to other guests' (KSM).
+    `nice`: QEMU runs at this niceness (its threads inherit it).
     """
     workdir = spec.workdir
     if ram_base is None:
@@ -91,6 +93,7 @@ def build_command(
     # Off unless asked: pages merged across sandboxes let one time another's writes.
     merge = f"merge={'on' if merge_pages else 'off'}"
     args = [
+        *(["nice", "-n", str(nice)] if nice else []),
         qemu,
         "-name", spec.name,
         "-M", "microvm,acpi=on,memory-backend=ram",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,6 +167,22 @@ def test_an_idle_guest_stops_its_tick(server: LiveServer, vms: VmFactory) -> Non
     before, after = (int(line.split()[1]) for line in out.splitlines() if line.startswith("LOC:"))
     assert after - before < 4 * 100, out[:2000]  # a periodic tick: 1,000 in 4 s
     assert "hrtimer_interrupt" in out
+    kill(server, sandbox["sandboxID"])
+
+
+def test_a_guest_runs_niced_below_the_node(server: LiveServer, vms: VmFactory) -> None:
+    """Every thread of a guest's QEMU (its vCPU too) runs at `vmm.guest_nice`, 5 by
+    default: a guest that spins every core leaves the node's API served first."""
+    sandbox = vms.create(server)
+    pid = vmm_pid(server, sandbox["sandboxID"])
+    assert pid is not None
+    threads = list(Path(f"/proc/{pid}/task").iterdir())
+    # `stat`'s 19th field, counted after the parenthesised command name.
+    nices = {int(t.joinpath("stat").read_text().rsplit(")", 1)[1].split()[16]) for t in threads}
+    assert len(threads) > 1 and nices == {5}, nices
+    assert server.proc is not None
+    node = Path(f"/proc/{server.proc.pid}/stat").read_text()
+    assert int(node.rsplit(")", 1)[1].split()[16]) == 0
     kill(server, sandbox["sandboxID"])
 
 

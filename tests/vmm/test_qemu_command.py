@@ -41,6 +41,12 @@ def test_tcg_command_has_file_backed_ram_disks_and_nic(tmp_path: Path) -> None:
     assert cmd[cmd.index("-cpu") + 1] == "qemu64,+arat"
 
 
+def test_guests_run_at_the_niceness_asked_for(tmp_path: Path) -> None:
+    assert build_command("qemu-system-x86_64", "tcg", _spec(tmp_path))[0] == "qemu-system-x86_64"
+    niced = build_command("qemu-system-x86_64", "tcg", _spec(tmp_path), nice=5)
+    assert niced[:4] == ["nice", "-n", "5", "qemu-system-x86_64"]
+
+
 def test_kvm_uses_host_cpu(tmp_path: Path) -> None:
     cmd = build_command("qemu-system-x86_64", "kvm", _spec(tmp_path))
     assert cmd[cmd.index("-accel") + 1] == "kvm"

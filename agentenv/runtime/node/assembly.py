@@ -193,6 +193,7 @@ class Node:
                     run_dir_for(cfg.home),
                     merge_pages=cfg.sandbox.merge_identical_pages,
                     translation_buffer_mb=cfg.vmm.tcg_translation_buffer_mb,
+                    nice=cfg.vmm.guest_nice,
                 )
             )
         boot_snapshots = None
