@@ -118,6 +118,11 @@ class VmmDriver(Protocol):
         """Stop the VM and reap its VMM process; idempotent."""
         ...
 
+    async def discard(self, handle: VmHandle) -> None:
+        """`stop` for a VM whose disk and RAM nobody reads again: killed at once, with no
+        orderly exit (which would flush caches into a disk about to be deleted)."""
+        ...
+
     def is_alive(self, handle: VmHandle) -> bool:
         """True while the VMM process for `handle` exists."""
         ...

@@ -74,6 +74,9 @@ class HollowDriver:
         self.alive.pop(handle.pid, None)
         self.frozen.discard(handle.pid)
 
+    async def discard(self, handle: VmHandle) -> None:
+        await self.stop(handle)
+
     def is_alive(self, handle: VmHandle) -> bool:
         return handle.pid in self.alive
 

@@ -367,15 +367,23 @@ class QemuDriver:
             with contextlib.suppress(VmmError, OSError, TimeoutError):
                 async with asyncio.timeout(_STOP_GRACE_S):
                     await self._qmp(handle, "quit")
-            for sig, grace in ((signal.SIGTERM, _TERM_GRACE_S), (signal.SIGKILL, 2.0)):
-                if await self._wait_gone(handle, 0.5 if sig == signal.SIGTERM else 0):
-                    break
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(handle.pid, sig)
-                if await self._wait_gone(handle, grace):
-                    break
-            else:
-                raise VmmError(f"QEMU pid {handle.pid} survived SIGKILL")
+            await self._wait_gone(handle, 0.5)
+        await self._signal_out(handle, (signal.SIGTERM, _TERM_GRACE_S), (signal.SIGKILL, 2.0))
+
+    async def discard(self, handle: VmHandle) -> None:
+        await self._signal_out(handle, (signal.SIGKILL, 2.0))
+
+    async def _signal_out(self, handle: VmHandle, *steps: tuple[signal.Signals, float]) -> None:
+        """Signal QEMU, each signal given its grace in turn, until it is gone; reap it."""
+        for sig, grace in steps:
+            if not self.is_alive(handle):
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, sig)
+            if await self._wait_gone(handle, grace):
+                break
+        else:
+            raise VmmError(f"QEMU pid {handle.pid} survived SIGKILL")
         child = self._children.pop(handle.pid, None)
         if child is not None:
             await child.wait()

@@ -204,7 +204,7 @@ class SandboxManager:
         )
         if record.vm:
             handle = VmHandle.from_dict(record.vm)
-            cleanup.push("vm", lambda: self.driver.stop(handle))
+            cleanup.push("vm", lambda: self.driver.discard(handle))
         errors = await cleanup.run()
         if errors:
             raise Unavailable(f"sandbox '{record.sandbox_id}' teardown incomplete: {errors[0]}")

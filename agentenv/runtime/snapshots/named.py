@@ -362,7 +362,8 @@ async def finish_rollback(manager: SandboxManager, record: SandboxRecord) -> boo
     if not committed.is_dir():
         return False
     if record.vm is not None:
-        await manager.driver.stop(VmHandle.from_dict(record.vm))
+        # Its disk and RAM give way to the snapshot's.
+        await manager.driver.discard(VmHandle.from_dict(record.vm))
     meta = json.loads((committed / _ROLLBACK_META).read_text())
     record.pause_mode = FULL if meta["memory"] else FILESYSTEM
     if record.vm is not None:
