@@ -75,7 +75,7 @@ format: venv
 # Two workers, a test module each at a time: most of a VM test is waiting on a guest, so
 # two at once take about half the time on two cores (docs/testing.md).
 test: test-deps kit console lint typecheck
-	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 quick-test: venv
 	$(BIN)/pytest -q -m 'not vm and not slow'

@@ -7,10 +7,13 @@ the CPU-bound floor measured in the same run: the raw QEMU driver restoring as m
 guests at once as the rung has workers, on the same cores (`rawguest.RawGuest`). An
 episode restores a guest twice (its create and its rollback), so the floor's episodes/s
 is half its restores/s; the commands and the file an episode runs in between are ours
-to pay. Where the cores went is counted too, per episode and per raw restore: the
-platform's processes (a server, or a cluster's control plane, nodes, S3 and PostgreSQL),
-this client, and the rest of the machine: mostly the guests' QEMUs, with the node's
-short-lived helpers (ip, iptables, qemu-img) and a cluster's PostgreSQL backends.
+to pay. A second floor is the whole episode with no platform: the raw driver's restores,
+and the same commands and file asked of the guest's agent straight from its namespace;
+against it, what is left is what the platform costs. Where the cores went is counted
+too, per episode and per raw restore: the platform's processes (a server, or a cluster's
+control plane, nodes, S3 and PostgreSQL), this client, and the rest of the machine:
+mostly the guests' QEMUs, with the node's short-lived helpers (ip, iptables, qemu-img)
+and a cluster's PostgreSQL backends.
 
 Goals (issue 26): no errors (overload is a wait or a 429 the SDK retries), p99 ≤ 3 times
 p50, episodes/s ≥ 0.7 of the floor.
@@ -30,8 +33,8 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +49,8 @@ from .harness import live_server, wait_snapshot
 from .rawguest import RawGuest
 
 STEPS = ("create", "commands", "write", "rollback", "kill")
+COMMANDS = ("echo step", "ls /home/user", "cat /etc/hostname")
+ANSWER_PATH, ANSWER = "/home/user/answer.txt", b"42"
 # Guests an episode restores: its create and its rollback.
 RESTORES_PER_EPISODE = 2
 # Retries of a 429 or 503 with Retry-After, as the SDKs make of their own calls.
@@ -130,11 +135,11 @@ async def episode(api: Endpoint, snapshot: str, timings: dict[str, list[float]])
     try:
 
         async def commands() -> None:
-            for command in ("echo step", "ls /home/user", "cat /etc/hostname"):
+            for command in COMMANDS:
                 await sandbox.commands.run(command)
 
         await step("commands", commands())
-        await step("write", sandbox.files.write("/home/user/answer.txt", "42"))
+        await step("write", sandbox.files.write(ANSWER_PATH, ANSWER))
         await step("rollback", rollback(api, sandbox.sandbox_id, snapshot))
     finally:
         await step("kill", sandbox.kill())
@@ -171,27 +176,58 @@ async def rung(api: Endpoint, snapshot: str, workers: int, episodes: int) -> dic
     }
 
 
-async def floor(snapshot: Path, workers: int, rounds: int) -> tuple[float, float]:
-    """Restores per second of the raw driver, `workers` at once, `rounds` times, and the
-    machine's CPU-seconds per restore."""
+@asynccontextmanager
+async def raw_guests(count: int) -> AsyncIterator[list[RawGuest]]:
+    """`count` raw guests, each in a namespace of its own, none started yet."""
     with tempfile.TemporaryDirectory(prefix="aenv-floor-") as tmp:
-        guests = []
-        for i in range(workers):
-            (Path(tmp) / str(i)).mkdir()
-            guests.append(await RawGuest(Path(tmp) / str(i), name=f"f{i}").__aenter__())
+        guests: list[RawGuest] = []
         try:
-            busy, start = machine_busy_seconds(), time.perf_counter()
-            for _ in range(rounds):
-                await asyncio.gather(*(g.restore(snapshot) for g in guests))
-                await asyncio.gather(*(g.stop() for g in guests))
-            restores = workers * rounds
-            return (
-                restores / (time.perf_counter() - start),
-                (machine_busy_seconds() - busy) / restores,
-            )
+            for i in range(count):
+                (Path(tmp) / str(i)).mkdir()
+                guests.append(await RawGuest(Path(tmp) / str(i), name=f"f{i}").__aenter__())
+            yield guests
         finally:
             for guest in guests:
                 await guest.__aexit__(None, None, None)
+
+
+async def floor(snapshot: Path, workers: int, rounds: int) -> tuple[float, float]:
+    """Restores per second of the raw driver, `workers` at once, `rounds` times, and the
+    machine's CPU-seconds per restore."""
+    async with raw_guests(workers) as guests:
+        busy, start = machine_busy_seconds(), time.perf_counter()
+        for _ in range(rounds):
+            await asyncio.gather(*(g.restore(snapshot) for g in guests))
+            await asyncio.gather(*(g.stop() for g in guests))
+        restores = workers * rounds
+        return (
+            restores / (time.perf_counter() - start),
+            (machine_busy_seconds() - busy) / restores,
+        )
+
+
+async def raw_episodes(snapshot: Path, workers: int, rounds: int) -> tuple[float, float]:
+    """Episodes per second with no platform at all, `workers` at once, and the machine's
+    CPU-seconds per episode: the raw driver restores a guest, its agent is asked the
+    episode's commands and file straight from its namespace, and it is restored again
+    (the rollback) and stopped."""
+    async with raw_guests(workers) as guests:
+
+        async def worker(guest: RawGuest) -> None:
+            for _ in range(rounds):
+                await guest.restore(snapshot)
+                await guest.work(COMMANDS, ANSWER_PATH, ANSWER)
+                await guest.stop()
+                await guest.restore(snapshot)
+                await guest.stop()
+
+        busy, start = machine_busy_seconds(), time.perf_counter()
+        await asyncio.gather(*(worker(guest) for guest in guests))
+        episodes = workers * rounds
+        return (
+            episodes / (time.perf_counter() - start),
+            (machine_busy_seconds() - busy) / episodes,
+        )
 
 
 async def prepare() -> str:
@@ -222,6 +258,16 @@ async def ladder(api: Endpoint, args: argparse.Namespace) -> None:
             "floor_episodes_per_s": round(per_episode, 3),
             "episodes_over_floor": round(result["episodes_per_s"] / per_episode, 2),
         }
+        try:
+            bare, bare_cpu = await raw_episodes(boot, workers, args.episodes)
+        except TimeoutError:
+            result["raw_episodes_error"] = f"{workers} raw episodes at once did not all finish"
+        else:
+            result |= {
+                "raw_episodes_per_s": round(bare, 3),
+                "raw_episode_cpu_s": round(bare_cpu, 3),
+                "episodes_over_raw_episodes": round(result["episodes_per_s"] / bare, 2),
+            }
         print(json.dumps(result), flush=True)
 
 

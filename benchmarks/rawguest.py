@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 from agentenv.config import load_config
+from agentenv.guest.client import AgentClient
 from agentenv.guest.kit import load_kit
+from agentenv.images.buildscripts import DEFAULT_USER
 from agentenv.net.netns import TAP_NAME, create_detached_tap, destroy_network
+from agentenv.net.nslistener import enter_namespace
 from agentenv.runtime.machine.bootsnap import DISK_BYTES, Shape, sandbox_vm, write_init_secret
 from agentenv.runtime.sandboxes.machines import guest_kernel_args
 from agentenv.vmm.driver import VmHandle
@@ -101,6 +105,39 @@ class RawGuest:
                 probe.kill()
                 await probe.wait()
         return float(out) - start
+
+    async def work(self, commands: tuple[str, ...], path: str, data: bytes) -> None:
+        """What an episode asks of its guest, straight from its namespace to the agent:
+        each command as the SDK runs it (`bash -l -c`, as `user`), then a file written."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle(error: BaseException | None) -> None:
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
+
+        def run() -> None:
+            # A thread of its own, with its own loop: it enters the namespace and ends.
+            try:
+                enter_namespace(self.netns)
+                asyncio.run(self._work(commands, path, data))
+            except BaseException as exc:
+                loop.call_soon_threadsafe(settle, exc)
+            else:
+                loop.call_soon_threadsafe(settle, None)
+
+        threading.Thread(target=run, name=f"work-in-{self.netns}", daemon=True).start()
+        await done
+
+    async def _work(self, commands: tuple[str, ...], path: str, data: bytes) -> None:
+        agent = AgentClient(f"http://{self.cfg.net.guest_ip}:{ENVD_PORT}", timeout=60)
+        for command in commands:
+            code = await agent.run(["/bin/bash", "-l", "-c", command], user=DEFAULT_USER)
+            if code != 0:
+                raise RuntimeError(f"{command!r} exited {code} in a raw guest")
+        await agent.write_file(path, data, user=DEFAULT_USER)
 
     async def stop(self) -> None:
         """Stop the VM (a restore's guest), ready to restore again."""

@@ -37,6 +37,26 @@ def _environment_kept(what: str) -> Iterator[None]:
     assert not changed, f"{what} left the process environment changed: {changed}"
 
 
+# The session fixture each of whose users' modules run on one worker: it is built once.
+_SHARED_ONCE = "code_interpreter_server"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Work units for `--dist loadgroup`: a module each, as `loadfile` makes them (its
+    fixtures stay with its tests), except that every module using the code interpreter's
+    server is one unit: one worker builds it (minutes, gigabytes) instead of each."""
+    sharing = {
+        item.module.__name__
+        for item in items
+        if isinstance(item, pytest.Function) and _SHARED_ONCE in item.fixturenames
+    }
+    for item in items:
+        module = item.module.__name__ if isinstance(item, pytest.Function) else item.nodeid
+        group = _SHARED_ONCE if module in sharing else module
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 _PASSED = pytest.StashKey[bool]()
 
 

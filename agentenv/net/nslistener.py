@@ -16,6 +16,14 @@ _CLONE_NEWNET = 0x40000000
 _SO_ORIGINAL_DST = 80
 
 
+def enter_namespace(netns: str) -> None:
+    """Move the calling thread (only it) into network namespace `netns`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(NETNS_DIR / netns) as namespace:
+        if libc.setns(namespace.fileno(), _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot enter network namespace {netns}")
+
+
 def listen_in(netns: str, address: str, port: int) -> socket.socket:
     """A non-blocking TCP socket listening at `address`:`port` inside `netns`."""
     made: list[socket.socket] = []
@@ -24,10 +32,7 @@ def listen_in(netns: str, address: str, port: int) -> socket.socket:
     def make() -> None:
         # This thread ends here: no other work ever runs in the namespace it entered.
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            with open(NETNS_DIR / netns) as namespace:
-                if libc.setns(namespace.fileno(), _CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"cannot enter network namespace {netns}")
+            enter_namespace(netns)
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
