@@ -73,6 +73,8 @@ class Endpoint:
     env: dict[str, str]
     # The platform's long-lived processes, whose CPU is counted apart from the guests'.
     pids: tuple[int, ...]
+    # Every node's home lies under it.
+    root: Path
 
 
 @dataclass(frozen=True)
@@ -206,19 +208,20 @@ async def floor(snapshot: Path, workers: int, rounds: int) -> tuple[float, float
         )
 
 
-async def raw_episodes(snapshot: Path, workers: int, rounds: int) -> tuple[float, float]:
+async def raw_episodes(snapshot: Snapshot, workers: int, rounds: int) -> tuple[float, float]:
     """Episodes per second with no platform at all, `workers` at once, and the machine's
-    CPU-seconds per episode: the raw driver restores a guest, its agent is asked the
-    episode's commands and file straight from its namespace, and it is restored again
-    (the rollback) and stopped."""
+    CPU-seconds per episode: the raw driver restores a guest from the episodes' snapshot
+    (its files, as the node keeps them), its agent is asked the episode's commands and
+    file straight from its namespace, and it is restored again (the rollback) and
+    stopped."""
     async with raw_guests(workers) as guests:
 
         async def worker(guest: RawGuest) -> None:
             for _ in range(rounds):
-                await guest.restore(snapshot)
-                await guest.work(COMMANDS, ANSWER_PATH, ANSWER)
+                await guest.restore_with_disk(snapshot.files)
+                await guest.work(snapshot.access_token, COMMANDS, ANSWER_PATH, ANSWER)
                 await guest.stop()
-                await guest.restore(snapshot)
+                await guest.restore_with_disk(snapshot.files)
                 await guest.stop()
 
         busy, start = machine_busy_seconds(), time.perf_counter()
@@ -230,17 +233,31 @@ async def raw_episodes(snapshot: Path, workers: int, rounds: int) -> tuple[float
         )
 
 
-async def prepare() -> str:
-    """A snapshot of a sandbox with a little state: what every episode starts from."""
+@dataclass(frozen=True)
+class Snapshot:
+    """What every episode starts from: a sandbox with a little state, snapshotted."""
+
+    snapshot_id: str
+    # Where a node keeps its files.
+    files: Path
+    # Its guest's access token, which a restored guest keeps until a node's `/init`.
+    access_token: str
+
+
+async def prepare(api: Endpoint) -> Snapshot:
     sandbox = await AsyncSandbox.create()
     await sandbox.files.write("/home/user/task.txt", "solve it")
     snapshot = await sandbox.create_snapshot()
     await sandbox.kill()
-    return snapshot.snapshot_id
+    name, tag = snapshot.snapshot_id.split(":")
+    files = next(api.root.glob(f"**/snapshots/{name}/{tag}"))
+    assert sandbox._envd_access_token is not None
+    return Snapshot(snapshot.snapshot_id, files, sandbox._envd_access_token)
 
 
 async def ladder(api: Endpoint, args: argparse.Namespace) -> None:
-    snapshot = await prepare()
+    prepared = await prepare(api)
+    snapshot = prepared.snapshot_id
     boot = wait_snapshot(api)  # 256 MiB guests, as RawGuest's
     for workers in args.workers:
         result = await rung(api, snapshot, workers, args.episodes) | {"bench": "rollouts"}
@@ -259,7 +276,7 @@ async def ladder(api: Endpoint, args: argparse.Namespace) -> None:
             "episodes_over_floor": round(result["episodes_per_s"] / per_episode, 2),
         }
         try:
-            bare, bare_cpu = await raw_episodes(boot, workers, args.episodes)
+            bare, bare_cpu = await raw_episodes(prepared, workers, args.episodes)
         except TimeoutError:
             result["raw_episodes_error"] = f"{workers} raw episodes at once did not all finish"
         else:
@@ -277,14 +294,16 @@ def endpoint(nodes: int) -> Iterator[Endpoint]:
     if nodes <= 1:
         with live_server() as server:
             assert server.proc is not None
-            yield Endpoint(server.url, server.api_key, 1, server.env, (server.proc.pid,))
+            pids = (server.proc.pid,)
+            yield Endpoint(server.url, server.api_key, 1, server.env, pids, server.home)
         return
     with tempfile.TemporaryDirectory(prefix="aenv-bench-rollouts-", dir="/tmp") as tmp:
         cluster = LocalCluster(Path(tmp), env=CLUSTER_ENV)
         state = cluster.up(nodes)
         try:
             pids = tuple(member.pid for member in state.members)
-            yield Endpoint(state.control.url, state.api_key, nodes, dict(os.environ), pids)
+            env = dict(os.environ)
+            yield Endpoint(state.control.url, state.api_key, nodes, env, pids, Path(tmp))
         finally:
             cluster.down()
 

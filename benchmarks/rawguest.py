@@ -22,9 +22,10 @@ from agentenv.net.netns import TAP_NAME, create_detached_tap, destroy_network
 from agentenv.net.nslistener import enter_namespace
 from agentenv.runtime.machine.bootsnap import DISK_BYTES, Shape, sandbox_vm, write_init_secret
 from agentenv.runtime.sandboxes.machines import guest_kernel_args
+from agentenv.runtime.snapshots.checkpoint import DISK
 from agentenv.vmm.driver import VmHandle
 from agentenv.vmm.qemu import QemuDriver
-from agentenv.vmm.qemuimg import create_qcow2
+from agentenv.vmm.qemuimg import copy_sparse, create_qcow2
 from agentenv.wire import ENVD_PORT
 
 # Connects every few ms until the guest takes the connection, then waits for its answer:
@@ -87,6 +88,12 @@ class RawGuest:
             await self.driver.stop(self.handle)
         await destroy_network(self.netns)
 
+    async def restore_with_disk(self, snapshot: Path) -> float:
+        """`restore` of a sandbox's snapshot: its disk copied into place first, as a create
+        from it copies it."""
+        await asyncio.to_thread(copy_sparse, snapshot / DISK, self.disk)
+        return await self.restore(snapshot)
+
     async def restore(self, snapshot: Path) -> float:
         """Seconds from the restore call until the agent answers."""
         probe = await asyncio.create_subprocess_exec(
@@ -106,7 +113,9 @@ class RawGuest:
                 await probe.wait()
         return float(out) - start
 
-    async def work(self, commands: tuple[str, ...], path: str, data: bytes) -> None:
+    async def work(
+        self, access_token: str, commands: tuple[str, ...], path: str, data: bytes
+    ) -> None:
         """What an episode asks of its guest, straight from its namespace to the agent:
         each command as the SDK runs it (`bash -l -c`, as `user`), then a file written."""
         loop = asyncio.get_running_loop()
@@ -122,7 +131,7 @@ class RawGuest:
             # A thread of its own, with its own loop: it enters the namespace and ends.
             try:
                 enter_namespace(self.netns)
-                asyncio.run(self._work(commands, path, data))
+                asyncio.run(self._work(access_token, commands, path, data))
             except BaseException as exc:
                 loop.call_soon_threadsafe(settle, exc)
             else:
@@ -131,8 +140,10 @@ class RawGuest:
         threading.Thread(target=run, name=f"work-in-{self.netns}", daemon=True).start()
         await done
 
-    async def _work(self, commands: tuple[str, ...], path: str, data: bytes) -> None:
-        agent = AgentClient(f"http://{self.cfg.net.guest_ip}:{ENVD_PORT}", timeout=60)
+    async def _work(
+        self, access_token: str, commands: tuple[str, ...], path: str, data: bytes
+    ) -> None:
+        agent = AgentClient(f"http://{self.cfg.net.guest_ip}:{ENVD_PORT}", access_token, 60)
         for command in commands:
             code = await agent.run(["/bin/bash", "-l", "-c", command], user=DEFAULT_USER)
             if code != 0:
