@@ -16,7 +16,8 @@ mostly the guests' QEMUs, with the node's short-lived helpers (ip, iptables, qem
 and a cluster's PostgreSQL backends.
 
 Goals (issue 26): no errors (overload is a wait or a 429 the SDK retries), p99 ≤ 3 times
-p50, episodes/s ≥ 0.7 of the floor.
+p50, episodes/s ≥ 0.7 of the floor (both are reported: the restores alone, and the raw
+episode).
 
 On one node, or with `--nodes N` through the control plane of a local cluster of N nodes
 (on the same cores). Run: `python -m benchmarks.bench_rollouts [--workers 1 4 8 16 32]

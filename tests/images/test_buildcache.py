@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agentenv.images.buildcache import over_bound
-from agentenv.images.snapshots import BUILD_CACHE, TEMPLATE, SnapshotRecord
+from agentenv.images.snapshots import BUILD_CACHE, TEMPLATE
+
+from .test_snapshots import _build
 
 
 def _record(name: str, size: int, created: str, used: str = "", kind: str = BUILD_CACHE):
-    return SnapshotRecord(
-        name=name,
-        tag="t",
-        source_sandbox="sbx",
-        template_id="base",
-        memory=False,
-        vcpus=1,
-        memory_mb=512,
-        kit="k",
-        size=size,
-        created_at=f"2026-12-07T{created}:00+00:00",
-        used_at=f"2026-12-07T{used}:00+00:00" if used else "",
-        kind=kind,
-    )
+    day = "2026-12-07T{}:00+00:00"
+    entry = _build(name, day.format(created))
+    return replace(entry, tag="t", size=size, used_at=day.format(used) if used else "", kind=kind)
 
 
 def test_the_least_recently_used_entries_go_until_the_rest_fit() -> None:
