@@ -24,7 +24,9 @@ from agentenv.wire import ENVD_PORT, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER
 from ..live import AENV, wait_for
 
 NODES = 12
-NODE_TIMEOUT = 4.0
+# Twelve hollow nodes beat in one process: on a loaded machine (a VM test on the other
+# worker) a beat came late enough for a node to miss a burst as silent.
+NODE_TIMEOUT = 10.0
 
 
 class Fleet:
@@ -72,7 +74,8 @@ def test_hollow_nodes_serve_the_control_plane_as_nodes_do(fleet: Fleet) -> None:
     placed = collections.Counter(
         fleet.api.get(f"/sandboxes/{s['sandboxID']}").json()["node"] for s in made
     )
-    assert set(placed) == set(nodes) and max(placed.values()) <= 4, placed
+    seen = [(n["name"], n["heartbeatAgeSeconds"]) for n in fleet.api.get("/nodes").json()]
+    assert set(placed) == set(nodes) and max(placed.values()) <= 4, (placed, seen)
     listed, token = [], None
     while True:
         params = {"limit": 10, **({"nextToken": token} if token else {})}
