@@ -202,11 +202,7 @@ async def floor(snapshot: Path, workers: int, rounds: int) -> tuple[float, float
         for _ in range(rounds):
             await asyncio.gather(*(g.restore(snapshot) for g in guests))
             await asyncio.gather(*(g.stop() for g in guests))
-        restores = workers * rounds
-        return (
-            restores / (time.perf_counter() - start),
-            (machine_busy_seconds() - busy) / restores,
-        )
+        return _per_second_and_cpu(workers * rounds, start, busy)
 
 
 async def raw_episodes(snapshot: Snapshot, workers: int, rounds: int) -> tuple[float, float]:
@@ -227,11 +223,12 @@ async def raw_episodes(snapshot: Snapshot, workers: int, rounds: int) -> tuple[f
 
         busy, start = machine_busy_seconds(), time.perf_counter()
         await asyncio.gather(*(worker(guest) for guest in guests))
-        episodes = workers * rounds
-        return (
-            episodes / (time.perf_counter() - start),
-            (machine_busy_seconds() - busy) / episodes,
-        )
+        return _per_second_and_cpu(workers * rounds, start, busy)
+
+
+def _per_second_and_cpu(done: int, start: float, busy: float) -> tuple[float, float]:
+    """`done` per second since `start`, and the machine's CPU-seconds per one since `busy`."""
+    return done / (time.perf_counter() - start), (machine_busy_seconds() - busy) / done
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,8 @@ class RawGuest:
                 done.set_exception(error)
 
         def run() -> None:
-            # A thread of its own, with its own loop: it enters the namespace and ends.
+            # A thread of its own, with its own loop: it enters the namespace and ends (the
+            # default pool's six threads would hold 32 workers' episodes to six at once).
             try:
                 enter_namespace(self.netns)
                 asyncio.run(self._work(access_token, commands, path, data))

@@ -237,8 +237,9 @@ class SnapshotRegistry:
             raise NotFound(f"snapshot {ref!r} not found")
         return record
 
-    def list(self) -> list[SnapshotRecord]:
-        keys = [k for k in self._store.list("snapshots/") if k.endswith(".json")]
+    def list(self, name_prefix: str = "") -> list[SnapshotRecord]:
+        """Every build of every name that starts with `name_prefix`, oldest first."""
+        keys = [k for k in self._store.list(f"snapshots/{name_prefix}") if k.endswith(".json")]
         return _oldest_first(self._load(keys))
 
     def delete(self, ref: str) -> builtins.list[SnapshotRecord]:

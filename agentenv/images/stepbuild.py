@@ -28,6 +28,8 @@ from .buildsteps import Step, StepState, is_user_name, step_key
 # Where a COPY step's archive waits in the build sandbox while it is unpacked.
 COPY_SPOOL = "/tmp/.aenv-build"
 SHELL = "/bin/bash"
+# Every step cache entry's snapshot name starts with it.
+CACHE_ENTRY_PREFIX = "buildcache-"
 # As E2B: the ready command is tried every 2 s; a start command alone waits 20 s.
 READY_INTERVAL = 2.0
 DEFAULT_READY = "sleep 20"
@@ -109,7 +111,7 @@ class Recipe:
 
 def cache_entry_name(key: str) -> str:
     """The snapshot name a cache entry is kept under."""
-    return f"buildcache-{key[:40]}"
+    return f"{CACHE_ENTRY_PREFIX}{key[:40]}"
 
 
 class StepBuild:

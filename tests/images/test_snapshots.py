@@ -48,6 +48,8 @@ def test_a_name_means_its_newest_build(registry: SnapshotRegistry) -> None:
     assert registry.get("web:default").tag == new.tag
     assert registry.get(old.snapshot_id).tag == old.tag
     newest = newest_tags(registry.list())
+    registry.save(_build("webby", "2026-01-03T00:00:00+00:00"))
+    assert [r.name for r in registry.list("webb")] == ["webby"]
     assert snapshot_names(new, newest["web"] == new.tag) == [new.snapshot_id, "web:default"]
     assert snapshot_names(old, newest["web"] == old.tag) == [old.snapshot_id]
 

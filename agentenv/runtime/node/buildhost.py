@@ -15,7 +15,7 @@ from ...images.buildcache import over_bound
 from ...images.buildsteps import StepState
 from ...images.catalog import BASE
 from ...images.snapshots import BUILD_CACHE, TEMPLATE, SnapshotRecord
-from ...images.stepbuild import cache_entry_name
+from ...images.stepbuild import CACHE_ENTRY_PREFIX, cache_entry_name
 from ...state.sandboxes import SandboxOptions, SandboxRecord
 from ..sandboxes.creation import CreateRequest
 from ..snapshots.named import SandboxSnapshots
@@ -107,7 +107,8 @@ class NodeBuildHost:
 
     async def _bound_cache(self, taken: str) -> None:
         """Delete the entries least recently built from while the cache is over its bound."""
-        records = await asyncio.to_thread(self.snapshots.registry.list)
+        # The cache's records only: not every snapshot's, for each step a build caches.
+        records = await asyncio.to_thread(self.snapshots.registry.list, CACHE_ENTRY_PREFIX)
         limit = self.manager.cfg.cache.build_max_bytes
         for entry in over_bound(records, limit, keep=taken):
             log.info("step cache over %d bytes: evicting %s", limit, entry.snapshot_id)
